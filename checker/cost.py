@@ -1,0 +1,85 @@
+"""What a job costs: price per hour, money spent so far, money at its planned end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from checker.model import Job, Series
+from checker.policy import Policy
+from checker.prices import lookup
+
+
+def hourly_cost(job: Job, policy: Policy) -> float | None:
+    """$ per hour for the whole job (all instances), or None when nothing prices it."""
+    count = max(job.instance_count, 1)
+    if job.hourly_price is not None:
+        return job.hourly_price * count
+    if job.instance_type:
+        if job.instance_type in policy.cost.prices:
+            return policy.cost.prices[job.instance_type] * count
+        price = lookup(job.instance_type, policy.cost.region)
+        if price is not None:
+            return price.usd_per_hour * count
+    if policy.cost.gpu_hour_usd is not None and job.gpu_count:
+        return policy.cost.gpu_hour_usd * job.gpu_count
+    return policy.cost.default_hourly_usd
+
+
+def hours_between(job: Job, start: float | None, end: float) -> float:
+    """Hours of the job's own clock between two times; 0 on a step clock."""
+    if job.clock == "step" or start is None:
+        return 0.0
+    return max(end - start, 0.0) / 3600.0
+
+
+def spent(job: Job, policy: Policy, now: float) -> float | None:
+    rate = hourly_cost(job, policy)
+    if rate is None:
+        return None
+    end = min(now, job.end_time) if job.end_time is not None else now
+    return rate * hours_between(job, job.start_time, end)
+
+
+def progress(job: Job) -> Series | None:
+    """The series that counts steps: ``step`` if logged, else the longest series with steps."""
+    if "step" in job.series and len(job.series["step"]):
+        return job.series["step"]
+    with_steps = [s for s in job.series.values() if len(s) and np.isfinite(s.step).any()]
+    if not with_steps:
+        return None
+    best = max(with_steps, key=len)
+    ok = np.isfinite(best.step)
+    return Series("step", best.time[ok], best.step[ok], best.step[ok])
+
+
+def planned_end(job: Job, now: float) -> float | None:
+    """When the job should finish on its clock: planned steps at the recent rate, or max runtime."""
+    candidates: list[float] = []
+    if job.max_runtime_s and job.start_time is not None:
+        candidates.append(job.start_time + job.max_runtime_s)
+    prog = progress(job)
+    if job.planned_steps and prog is not None and len(prog) >= 2 and job.clock != "step":
+        # The rate over the most recent half of the run: compile and warm-up gaps fall out.
+        half = len(prog) // 2
+        dt = prog.time[-1] - prog.time[half]
+        ds = prog.step[-1] - prog.step[half]
+        if dt > 0 and ds > 0:
+            remaining = max(job.planned_steps - prog.step[-1], 0.0)
+            candidates.append(max(now, float(prog.time[-1])) + remaining * dt / ds)
+    finite = [c for c in candidates if math.isfinite(c)]
+    return min(finite) if finite else None
+
+
+def projected(job: Job, policy: Policy, now: float) -> float | None:
+    """The job's total spend if it runs to its planned end (or what it has spent, if ended)."""
+    rate = hourly_cost(job, policy)
+    if rate is None:
+        return None
+    if job.end_time is not None and job.end_time <= now:
+        return spent(job, policy, now)
+    end = planned_end(job, now)
+    if end is None:
+        return None
+    return rate * hours_between(job, job.start_time, max(end, now))

@@ -1,0 +1,52 @@
+"""``evaluate(jobs, policy, now) -> findings``: one tick of judgement, no I/O."""
+
+from __future__ import annotations
+
+import logging
+
+from checker import cost
+from checker.model import Finding, Job
+from checker.policy import Policy
+from checker.registry import RULES, rule_names
+from checker.rules.base import Context, Rule
+
+log = logging.getLogger("trainguard.checker")
+
+
+def build_rules(policy: Policy) -> list[Rule]:
+    rules = []
+    for name in rule_names():
+        cfg = policy.rule(name)
+        if cfg.enabled:
+            rules.append(RULES[name](cfg.params))
+    return rules
+
+
+def evaluate(jobs: list[Job], policy: Policy, now: float,
+             rules: list[Rule] | None = None) -> list[Finding]:
+    """Every finding of every enabled rule on every job, as of ``now``.
+
+    A rule that raises on one job is logged and skipped: one odd job must not blind
+    the watchdog to all the others.
+    """
+    rules = build_rules(policy) if rules is None else rules
+    ctx = Context(now=now, policy=policy, jobs=jobs)
+    findings: list[Finding] = []
+    for job in jobs:
+        rate = cost.hourly_cost(job, policy)
+        projection = cost.projected(job, policy, now)
+        for rule in rules:
+            try:
+                found = rule.check(job, ctx)
+            except Exception:
+                log.exception("rule %s failed on job %s", rule.name, job.id)
+                continue
+            cfg = policy.rule(rule.name)
+            for f in found:
+                f.action = cfg.actions.get(f.severity, f.action)
+                if f.burnt_usd is None and rate is not None and f.started_at is not None:
+                    f.burnt_usd = rate * cost.hours_between(job, f.started_at, now)
+                if f.projected_usd is None:
+                    f.projected_usd = projection
+            findings.extend(found)
+    return findings

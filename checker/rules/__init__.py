@@ -1,0 +1,5 @@
+"""The built-in rules. Importing this package registers each of them by name."""
+
+from checker.rules import budget, divergence, logs, plateau, restarts, stall, utilization
+
+__all__ = ["budget", "divergence", "logs", "plateau", "restarts", "stall", "utilization"]

@@ -1,0 +1,53 @@
+"""``logs``: a known failure signature in the job's log lines (see checker.signatures).
+
+Nothing packaged does this today; operators grep by hand after the money is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from checker.model import Finding, Job, JobState, Severity
+from checker.registry import register
+from checker.rules.base import Context, Rule, param
+from checker.signatures import BY_NAME, match
+
+
+@dataclass
+class LogsParams:
+    ignore: list[str] = param([], "signature names to ignore, e.g. traceback")
+    lookback_seconds: float | None = param(
+        None, "only lines this recent count; None is every line the job has")
+    max_examples: int = param(3, "log lines quoted as evidence")
+
+
+@register
+class Logs(Rule):
+    name = "logs"
+    Params = LogsParams
+    # A failed job's log says why it failed: worth reporting after the fact too.
+    states = frozenset({JobState.RUNNING, JobState.FAILED, JobState.UNKNOWN})
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        p: LogsParams = self.params
+        hits: dict[str, list[tuple[float, str]]] = {}
+        since = ctx.now - p.lookback_seconds if p.lookback_seconds is not None else None
+        for line in job.logs:
+            if since is not None and line.time < since:
+                continue
+            sig = match(line.text)
+            if sig is not None and sig.name not in p.ignore:
+                hits.setdefault(sig.name, []).append((line.time, line.text.strip()[:300]))
+        out = []
+        for name, lines in hits.items():
+            sig = BY_NAME[name]
+            # A signature in a job that already ended is history, not an emergency.
+            severity = sig.severity if job.state is JobState.RUNNING else Severity.INFO
+            out.append(Finding(
+                job_id=job.id, rule=self.name, severity=severity,
+                message=f"{sig.meaning} ({len(lines)} line(s) like: {lines[0][1][:120]})",
+                started_at=lines[0][0], step=None,
+                evidence={"kind": name, "count": len(lines),
+                          "examples": [t for _, t in lines[: p.max_examples]]},
+            ))
+        return out
