@@ -19,7 +19,7 @@ Clock = Literal["wall", "elapsed", "step"]
 FloatArray = npt.NDArray[np.float64]
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     STOPPING = "STOPPING"
@@ -33,7 +33,7 @@ class JobState(str, enum.Enum):
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
 
 
-class Severity(str, enum.Enum):
+class Severity(enum.StrEnum):
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
@@ -46,7 +46,7 @@ class Severity(str, enum.Enum):
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     NONE = "none"
     NOTIFY = "notify"
     STOP = "stop"

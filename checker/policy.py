@@ -48,14 +48,16 @@ class Safety:
 
     dry_run: bool = True  # findings and audit records, never a real stop
     max_stops_per_tick: int = 1  # a bug or a bad policy must not stop the fleet
-    protect_tag: str = "trainguard:protect"  # a job with this tag (any value but "false") is never stopped
+    # A job with this tag (any value but "false") is never stopped.
+    protect_tag: str = "trainguard:protect"
     persist_ticks: int = 3  # a finding must be seen this many ticks in a row before a stop
 
 
 @dataclass
 class Cost:
     region: str | None = None  # the price book's region; None means the book's default
-    prices: dict[str, float] = field(default_factory=dict)  # instance type -> $/hour, wins over the book
+    # instance type -> $/hour per instance; wins over the price book
+    prices: dict[str, float] = field(default_factory=dict)
     gpu_hour_usd: float | None = None  # on-prem: $ per GPU-hour when a job has no instance price
     default_hourly_usd: float | None = None  # a job with no known price at all
 
@@ -67,7 +69,8 @@ class Policy:
     budget: Budget = field(default_factory=Budget)
     safety: Safety = field(default_factory=Safety)
     cost: Cost = field(default_factory=Cost)
-    metrics: dict[str, str] = field(default_factory=dict)  # alias -> metric name, e.g. loss: train_loss
+    # well-known name -> this team's metric name, e.g. loss: train_loss
+    metrics: dict[str, str] = field(default_factory=dict)
 
     def rule(self, name: str) -> RuleConfig:
         return self.rules.get(name) or RuleConfig()

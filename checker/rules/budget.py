@@ -20,7 +20,8 @@ from checker.rules.base import Context, Rule, param
 
 @dataclass
 class BudgetParams:
-    project: bool = param(True, "warn when the projected spend at the planned end passes the budget")
+    project: bool = param(
+        True, "warn when the projected spend at the planned end passes the budget")
 
 
 def period_start(now: float, period: str) -> float:

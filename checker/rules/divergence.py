@@ -9,6 +9,7 @@ value waits one more logging interval before it counts.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,9 +46,14 @@ def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
     if nb == 0:
         return level, scale
     blocks = values[: nb * _BLOCK].reshape(nb, _BLOCK)
-    with np.errstate(all="ignore"):
-        med = np.nanmedian(blocks, axis=1)
-        mad = np.nanmedian(np.abs(blocks - med[:, None]), axis=1)
+    if np.isnan(blocks).any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks give NaN, as wanted
+            med = np.nanmedian(blocks, axis=1)
+            mad = np.nanmedian(np.abs(blocks - med[:, None]), axis=1)
+    else:  # the common case, and ten times faster than nanmedian
+        med = np.median(blocks, axis=1)
+        mad = np.median(np.abs(blocks - med[:, None]), axis=1)
     sc = np.maximum(np.abs(med), 3 * 1.4826 * mad)
     # Point i sees the block that ended before the block containing i.
     idx = np.arange(n) // _BLOCK - 1
@@ -89,6 +95,12 @@ class Divergence(Rule):
         p: DivergenceParams = self.params
         v = s.value
         bad = ~np.isfinite(v)
+        if not bad.any() and len(v):
+            lo, hi = float(v.min()), float(v.max())
+            # Exact shortcut: every block's scale is at least its median, which is at least
+            # the series' minimum, so a positive series this tight cannot hold a blow-up.
+            if lo > 0 and hi - lo <= p.blowup_factor * lo and hi <= p.abs_limit:
+                return None
         level, scale = _reference(np.where(bad, np.nan, v))
         with np.errstate(all="ignore"):
             far = np.abs(v - level) > p.blowup_factor * scale

@@ -24,6 +24,7 @@ from checker.metrics import primary
 from checker.model import Finding, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
+from checker.stats import median
 
 
 @dataclass
@@ -60,13 +61,13 @@ class Plateau(Rule):
             return []  # changes sign: not an objective with a floor
         k = max(len(v) // 3, 2)
         head, tail = v[:k], v[-k:]
-        level = abs(float(np.median(v)))
+        level = abs(median(v))
         if level == 0:
             return []
-        improvement = sign * (float(np.median(head)) - float(np.median(tail)))
+        improvement = sign * (median(head) - median(tail))
         # Noise from first differences (robust to the trend itself): a median of k
         # points has a standard error of about 1.25 sigma / sqrt(k).
-        sigma = 1.4826 * float(np.median(np.abs(np.diff(v)))) / np.sqrt(2)
+        sigma = 1.4826 * median(np.abs(np.diff(v))) / np.sqrt(2)
         se = 1.25 * sigma * np.sqrt(2.0 / k)
         limit = p.min_rel_improvement * level
         if improvement + p.z * se >= limit:
@@ -79,7 +80,7 @@ class Plateau(Rule):
             started_at=float(s.time[lo]), step=start_step,
             evidence={"kind": "flat", "metric": s.name, "points": len(v),
                       "rel_improvement": improvement / level, "noise_se": se / level,
-                      "level": float(np.median(v)), "window_start_step": start_step},
+                      "level": median(v), "window_start_step": start_step},
         )]
 
     def _window(self, job: Job, s: Series) -> tuple[int, np.ndarray] | None:

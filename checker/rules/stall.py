@@ -19,6 +19,7 @@ from checker.cost import progress
 from checker.model import Finding, Job, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
+from checker.stats import quantile
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Stall(Rule):
             np.empty(0))
         if len(gaps) < p.min_updates:
             return max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}
-        p99 = float(np.percentile(gaps, 99))
+        p99 = quantile(gaps, 0.99)
         longest = float(gaps.max())
         t = max(p.min_seconds, p.factor * p99, p.pause_factor * longest)
         return t, {"learnt": 1.0, "p99_gap_s": p99, "longest_gap_s": longest}

@@ -15,6 +15,7 @@ from checker import cost
 from checker.model import Finding, Job, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
+from checker.stats import quantile
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Utilization(Rule):
         v = v[np.isfinite(v)]
         if len(v) < p.min_points:
             return []
-        p95, p5, mean = (float(x) for x in (np.percentile(v, 95), np.percentile(v, 5), v.mean()))
+        p95, p5, mean = (float(x) for x in (quantile(v, 0.95), quantile(v, 0.05), v.mean()))
         if p95 >= p.underuse_p95:
             return []
         span_h = min(p.window_seconds, ctx.now - float(s.time[lo])) / 3600.0
