@@ -35,7 +35,8 @@ class Restarts(Rule):
         times = sorted(job.restart_times)
         if not times and job.restarts < p.warn_after:
             return []
-        stuck = self._restarts_without_progress(job, times) if times else job.restarts
+        stuck = (self._restarts_without_progress(job, times, ctx.now) if times
+                 else job.restarts)
         if stuck < p.warn_after:
             return []
         severity = Severity.CRITICAL if stuck >= p.max_no_progress else Severity.WARNING
@@ -50,19 +51,24 @@ class Restarts(Rule):
                       "restarts_without_progress": stuck, "reasons": reasons},
         )]
 
-    def _restarts_without_progress(self, job: Job, times: list[float]) -> int:
-        """How many of the latest restarts were not preceded by a new best step."""
+    def _restarts_without_progress(self, job: Job, times: list[float], now: float) -> int:
+        """How many of the latest restarts in a row were not followed by a new best step
+        before the next restart (or before now, for the last one)."""
         prog = progress(job)
         if prog is None or not len(prog):
             return len(times)
         best = np.maximum.accumulate(prog.step)
-        stuck = 0
-        prev_best = -np.inf
-        for t in times:
+
+        def best_at(t: float) -> float:
             i = int(np.searchsorted(prog.time, t, side="right")) - 1
-            here = float(best[i]) if i >= 0 else -np.inf
-            stuck = stuck + 1 if here <= prev_best else 1 if i < 0 else 0
-            prev_best = max(prev_best, here)
+            return float(best[i]) if i >= 0 else -np.inf
+
+        stuck = 0
+        for k in range(len(times) - 1, -1, -1):
+            until = times[k + 1] if k + 1 < len(times) else now
+            if best_at(until) > best_at(times[k]):
+                break
+            stuck += 1
         return stuck
 
     def _reasons(self, job: Job) -> list[str]:
