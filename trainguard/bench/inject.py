@@ -1,0 +1,220 @@
+"""Labelled faults injected into real healthy runs, seeded and reproducible.
+
+Each injector takes a healthy ``Job`` and a ``numpy.random.Generator`` and returns
+a new Job (the input is never changed) with what a detector should say about it:
+
+* ``stall``: the log stops at 30-80 % of the run while the job stays RUNNING.
+  Must fire (label ``stalled``); ``onset_time`` is the last record's time.
+* ``pause``: a long evaluation or checkpoint gap (5-10x the median update
+  interval, at least 120 s) shifts every later record forward. Must not fire
+  (``healthy``); ``extra["gap_s"]`` is the gap.
+* ``divergence``: from step k (40-80 % of the run) the losses grow by a factor of
+  1.5-3 per logged point, then turn NaN for good after 3-8 points. Must fire
+  (``diverged``); ``extra["first_nan_step"]`` is where NaN starts.
+* ``spike``: the losses jump 3-10x for 1-3 logged points, then return to the
+  original curve. Must not fire critical (``healthy``).
+
+Positions are counted on the run's densest loss series (the reference); every
+other loss series is changed at the same steps, so train and validation losses
+stay consistent, and non-loss series (the step counter, GPU use) are untouched
+except where the fault itself cuts or shifts time. Records of a loss series that
+carry no step are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from checker.metrics import loss_like
+from checker.model import FloatArray, Job, JobState, LogLine, Series
+
+
+@dataclass(frozen=True)
+class Injected:
+    job: Job
+    kind: str  # the injector's name
+    label: str  # "stalled", "diverged" or "healthy": what a detector should conclude
+    onset_step: float | None
+    onset_time: float | None  # on the job's clock; None on a step clock
+    note: str
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+Injector = Callable[[Job, np.random.Generator], Injected]
+
+#: Fewer logged points than this leave no room to place a fault and watch it.
+MIN_POINTS = 10
+
+
+def _reference(job: Job, kind: str) -> Series:
+    """The densest loss series with steps: where a fault's position is counted."""
+    losses = [s for s in loss_like(job) if int(np.isfinite(s.step).sum()) >= MIN_POINTS]
+    if not losses:
+        raise ValueError(
+            f"job {job.id!r}: cannot inject {kind}: no loss series with at least "
+            f"{MIN_POINTS} stepped records (series: {', '.join(sorted(job.series)) or 'none'})")
+    return max(losses, key=lambda s: int(np.isfinite(s.step).sum()))
+
+
+def _ref_steps(ref: Series) -> FloatArray:
+    return np.unique(ref.step[np.isfinite(ref.step)])
+
+
+def _time_at_step(job: Job, ref: Series, step: float) -> float | None:
+    if job.clock == "step":
+        return None
+    at = np.flatnonzero(ref.step == step)
+    return float(ref.time[at[0]]) if len(at) else None
+
+
+def _record_times(job: Job) -> FloatArray:
+    parts = [s.time for s in job.series.values()]
+    t = np.concatenate(parts) if parts else np.empty(0)
+    return np.unique(t[np.isfinite(t)])
+
+
+def _renamed(job: Job, kind: str, **changes: Any) -> Job:
+    """A copy of ``job`` named for its fault (``<id>#<kind>``, tag ``injected``)."""
+    tags = {**job.tags, "injected": kind}
+    return dataclasses.replace(job, id=f"{job.id}#{kind}", name=f"{job.name or job.id}#{kind}",
+                               tags=tags, **changes)
+
+
+def _with_losses(job: Job, change: Callable[[Series], FloatArray]) -> dict[str, Series]:
+    """Every series of ``job``, its loss series' values replaced by ``change(series)``."""
+    out = dict(job.series)
+    for s in loss_like(job):
+        out[s.name] = Series(s.name, s.time.copy(), s.step.copy(), change(s))
+    return out
+
+
+# -- the injectors ----------------------------------------------------------------------------
+
+
+def stall(job: Job, rng: np.random.Generator) -> Injected:
+    """The log stops at a random 30-80 % of the run; the job stays RUNNING with no end."""
+    times = _record_times(job)
+    if len(times) < MIN_POINTS:
+        raise ValueError(f"job {job.id!r}: cannot inject stall: only {len(times)} record times")
+    frac = float(rng.uniform(0.3, 0.8))
+    cut = float(times[0] + frac * (times[-1] - times[0]))
+    cut = float(times[np.searchsorted(times, cut, side="right") - 1])  # the last record kept
+    seen = job.until(cut)
+    stalled = _renamed(seen, "stall", state=JobState.RUNNING, end_time=None, raw_state="")
+    steps = [float(np.nanmax(s.step)) for s in seen.series.values()
+             if len(s) and np.isfinite(s.step).any()]
+    onset_step = max(steps) if steps else None
+    onset_time = None if job.clock == "step" else cut
+    return Injected(stalled, "stall", "stalled", onset_step, onset_time,
+                    f"log stops at {frac:.0%} of the run (last record at {cut:g}); "
+                    "the job is still RUNNING",
+                    {"cut_fraction": frac})
+
+
+def pause(job: Job, rng: np.random.Generator) -> Injected:
+    """A legitimate long gap (eval, checkpoint): later records shift forward; values unchanged."""
+    if job.clock == "step":
+        raise ValueError(f"job {job.id!r}: cannot inject pause: it has no time axis (step clock)")
+    times = _record_times(job)
+    if len(times) < MIN_POINTS:
+        raise ValueError(f"job {job.id!r}: cannot inject pause: only {len(times)} record times")
+    median = float(np.median(np.diff(times)))
+    gap = max(float(rng.uniform(5.0, 10.0)) * median, 120.0)
+    frac = float(rng.uniform(0.2, 0.8))
+    at = float(times[np.searchsorted(times, times[0] + frac * (times[-1] - times[0]),
+                                     side="right") - 1])  # the last record before the pause
+
+    def shifted(t: FloatArray) -> FloatArray:
+        return np.where(t > at, t + gap, t)
+
+    series = {k: Series(s.name, shifted(s.time), s.step.copy(), s.value.copy())
+              for k, s in job.series.items()}
+    logs = [LogLine(line.time + gap if line.time > at else line.time, line.text)
+            for line in job.logs]
+    end = job.end_time + gap if job.end_time is not None and job.end_time > at else job.end_time
+    paused = _renamed(job, "pause", series=series, logs=logs, end_time=end,
+                      restart_times=[r + gap if r > at else r for r in job.restart_times])
+    steps = [float(np.nanmax(s.step[s.time <= at])) for s in job.series.values()
+             if np.isfinite(s.step[s.time <= at]).any()]
+    return Injected(paused, "pause", "healthy", max(steps) if steps else None, at,
+                    f"a {gap:.0f} s pause after the record at {at:g} "
+                    f"({gap / median:.1f}x the median update interval {median:.3g} s)",
+                    {"gap_s": gap, "median_interval_s": median})
+
+
+def divergence(job: Job, rng: np.random.Generator) -> Injected:
+    """From step k the losses grow geometrically, then turn NaN and stay NaN."""
+    ref = _reference(job, "divergence")
+    steps = _ref_steps(ref)
+    frac = float(rng.uniform(0.4, 0.8))
+    growth = float(rng.uniform(1.5, 3.0))
+    n_grow = int(rng.integers(3, 9))  # 3..8 growing points before NaN
+    i0 = int(np.searchsorted(steps, steps[0] + frac * (steps[-1] - steps[0])))
+    i0 = min(i0, len(steps) - 2)
+    n_grow = min(n_grow, len(steps) - 1 - i0)  # keep at least one NaN point in the run
+    k, nan_step = float(steps[i0]), float(steps[i0 + n_grow])
+    cadence = float(np.median(np.diff(steps)))
+
+    def change(s: Series) -> FloatArray:
+        v = s.value.copy()
+        before = v[(s.step < k) & np.isfinite(v)]
+        finite = v[np.isfinite(v)]
+        base = float(before[-1]) if len(before) else float(finite[0]) if len(finite) else 1.0
+        scale = abs(base) or 1.0
+        grow = (s.step >= k) & (s.step < nan_step)
+        # x growth per reference point, counted in steps so sparse series follow suit
+        mult = growth ** (1.0 + (s.step[grow] - k) / cadence)
+        v[grow] = base + (mult - 1.0) * scale
+        v[s.step >= nan_step] = np.nan
+        return v
+
+    diverged = _renamed(job, "divergence", series=_with_losses(job, change))
+    return Injected(diverged, "divergence", "diverged", k, _time_at_step(job, ref, k),
+                    f"losses grow x{growth:.2f} per logged point from step {k:g}; NaN from step "
+                    f"{nan_step:g} on", {"first_nan_step": nan_step, "growth": growth})
+
+
+def spike(job: Job, rng: np.random.Generator) -> Injected:
+    """The losses jump 3-10x for 1-3 logged points and then return to the original curve."""
+    ref = _reference(job, "spike")
+    steps = _ref_steps(ref)
+    frac = float(rng.uniform(0.2, 0.8))
+    factor = float(rng.uniform(3.0, 10.0))
+    width = int(rng.integers(1, 4))  # 1..3 points
+    i0 = min(int(np.searchsorted(steps, steps[0] + frac * (steps[-1] - steps[0]))),
+             len(steps) - 1 - width)  # leave the curve room to return
+    first, last = float(steps[i0]), float(steps[i0 + width - 1])
+
+    def change(s: Series) -> FloatArray:
+        v = s.value.copy()
+        hit = (s.step >= first) & (s.step <= last)
+        v[hit] = v[hit] + (factor - 1.0) * np.abs(v[hit])  # up by (factor-1)|v|: x factor if v>0
+        return v
+
+    spiked = _renamed(job, "spike", series=_with_losses(job, change))
+    return Injected(spiked, "spike", "healthy", first, _time_at_step(job, ref, first),
+                    f"losses jump x{factor:.2f} (up by {factor - 1:.2f} times their size) for "
+                    f"{width} point(s), steps {first:g}-{last:g}; "
+                    "then back on the original curve",
+                    {"factor": factor, "last_step": last, "width": float(width)})
+
+
+INJECTORS: dict[str, Injector] = {
+    "stall": stall,
+    "pause": pause,
+    "divergence": divergence,
+    "spike": spike,
+}
+
+
+def inject(job: Job, kind: str, seed: int) -> Injected:
+    """One fault of ``kind`` in ``job``, reproducible from ``seed``."""
+    if kind not in INJECTORS:
+        raise ValueError(f"unknown fault {kind!r}; known: {', '.join(INJECTORS)}")
+    return INJECTORS[kind](job, np.random.default_rng(seed))
+
