@@ -1,0 +1,1 @@
+"""Sources: each module turns one provider's data into ``checker`` model objects."""

@@ -1,0 +1,76 @@
+"""Training runs from local files: text logs, CSV, JSON lines, Hugging Face trainer state,
+TensorBoard event files and MLflow stores, each read into a ``checker.model.Job``.
+
+``load_run(path)`` picks the format (``detect_format``) and reads it; ``FORMATS`` maps a
+format name to its reader. See README.md beside this file for the formats and the time axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapters.local.base import Reader
+from adapters.local.definitions import (
+    DEFAULT_DEFINITIONS,
+    MetricDefinition,
+    load_definitions,
+    parse_metric_option,
+)
+from adapters.local.errors import FormatError
+from adapters.local.hf import HuggingFaceReader
+from adapters.local.jsonl import JsonLinesReader
+from adapters.local.mlflow import MlflowReader
+from adapters.local.tabular import CsvReader
+from adapters.local.tensorboard import TensorBoardReader
+from adapters.local.text import TextReader
+from checker.model import Job
+
+# The order is the order content sniffing tries them in: the most specific first, and
+# text, which reads anything, last.
+FORMATS: dict[str, Reader] = {
+    r.name: r
+    for r in (MlflowReader(), TensorBoardReader(), HuggingFaceReader(), JsonLinesReader(),
+              CsvReader(), TextReader())
+}
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of ``path``: by its name or extension first, then by its content;
+    ``text`` when nothing else fits."""
+    p = Path(path)
+    if not p.exists():
+        raise FormatError(p, "no such file or directory")
+    for name, reader in FORMATS.items():
+        if reader.matches_name(p):
+            return name
+    for name, reader in FORMATS.items():
+        if reader.matches_content(p):
+            return name
+    if p.is_dir():
+        raise FormatError(p, "a folder with no TensorBoard event files, MLflow store, "
+                          "trainer_state.json or metrics.csv in it")
+    return "text"
+
+
+def load_run(path: str | Path, definitions: list[MetricDefinition] | None = None,
+             fmt: str | None = None, job_id: str | None = None,
+             run: str | None = None) -> Job:
+    """Read one training run. ``definitions`` apply to text logs (default:
+    ``DEFAULT_DEFINITIONS``); ``fmt`` skips detection; ``job_id`` names the job (default:
+    the file's stem, or the MLflow run id); ``run`` picks a run in an MLflow store by id or
+    name (default: the most recent)."""
+    if fmt is None:
+        fmt = detect_format(path)
+    reader = FORMATS.get(fmt)
+    if reader is None:
+        raise FormatError(path, f"unknown format {fmt!r} (known: {', '.join(sorted(FORMATS))})")
+    job = reader.read(path, definitions, run=run)
+    if job_id:
+        job.id = job_id
+    return job
+
+
+__all__ = [
+    "DEFAULT_DEFINITIONS", "FORMATS", "FormatError", "MetricDefinition", "Reader",
+    "detect_format", "load_definitions", "load_run", "parse_metric_option",
+]

@@ -1,0 +1,144 @@
+"""Metric definitions for text logs: a name and a regex, as SageMaker ``MetricDefinitions``.
+
+Three names are special: ``step`` gives the step of the line (and of the lines after it),
+``planned_steps`` gives ``Job.planned_steps``, and a definition with ``time=True`` is a
+cumulative time field that defines the time axis instead of becoming a series.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.local.errors import FormatError
+
+# A number as training logs print it, including nan and inf, so a bad value is kept and
+# a word such as "loss: high" never matches.
+NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)\b)"
+
+
+def at_word_start(key: str) -> str:
+    """``key`` not inside a longer name ("loss" not in "train_loss"). The check is a
+    lookbehind after the key, not before it, so the regex keeps its literal prefix and
+    searches fast."""
+    return key + r"(?<![\w.]" + key + ")"
+
+
+STEP = "step"
+PLANNED = "planned_steps"
+
+
+@dataclass(frozen=True)
+class MetricDefinition:
+    name: str  # the series name, e.g. "val_loss"
+    regex: str  # one capture group holds the value
+    time: bool = False  # a cumulative time field (the time axis), not a series
+    scale: float = 1.0  # multiply the captured value (e.g. 0.001 for ms -> s)
+
+    def compile(self) -> re.Pattern[str]:
+        try:
+            rx = re.compile(self.regex)
+        except re.error as e:
+            raise ValueError(f"metric {self.name!r}: bad regex {self.regex!r}: {e}") from e
+        if rx.groups != 1:
+            raise ValueError(f"metric {self.name!r}: regex {self.regex!r} must have exactly "
+                             f"one capture group, it has {rx.groups}")
+        return rx
+
+
+def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
+    """``key=value`` or ``key: value``, one definition per spelling of the key."""
+    return tuple(MetricDefinition(name, at_word_start(k) + r"\s*[:=]\s*" + NUM)
+                 for k in keys or (name,))
+
+
+_STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
+_TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
+
+# Read the modded-nanogpt logs (``step:N/TOTAL val_loss:X train_time:Tms``) and the
+# common ``key=value`` / ``key: value`` names of other training scripts.
+DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
+    MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL),
+    MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL),
+    *_kv(STEP, "step", "Step"),
+    MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
+    MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
+    MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
+                     time=True, scale=0.001),
+    MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",
+                     time=True),
+    *_kv("val_loss"),
+    *_kv("train_loss"),
+    *_kv("loss", "loss", "Loss"),
+    *_kv("lr"),
+    *_kv("epoch", "epoch", "Epoch"),
+)
+
+
+def parse_metric_option(option: str) -> MetricDefinition:
+    """``NAME[,time][,scale:F]=REGEX`` from the command line, e.g. ``val_loss=val_loss:(\\S+)``.
+
+    The name ends at the first ``=``; the regex may contain any character.
+    """
+    head, sep, regex = option.partition("=")
+    parts = [p.strip() for p in head.split(",")]
+    name = parts[0]
+    if not sep or not name or not regex:
+        raise ValueError(f"--metric {option!r}: expected NAME=REGEX, e.g. "
+                         r"'val_loss=val_loss:(\S+)'")
+    time, scale = False, 1.0
+    for flag in parts[1:]:
+        if flag == "time":
+            time = True
+        elif flag.startswith("scale:"):
+            try:
+                scale = float(flag.removeprefix("scale:"))
+            except ValueError:
+                raise ValueError(f"--metric {option!r}: scale {flag[6:]!r} is not a number") \
+                    from None
+        else:
+            raise ValueError(f"--metric {option!r}: unknown option {flag!r} "
+                             "(expected 'time' or 'scale:F')")
+    definition = MetricDefinition(name, regex, time=time, scale=scale)
+    definition.compile()
+    return definition
+
+
+def load_definitions(path: str | Path) -> list[MetricDefinition]:
+    """Definitions from a YAML file: a list of ``{Name, Regex}`` (SageMaker's own keys) or
+    ``{name, regex, time, scale}``, optionally under a top-level ``metrics:`` key."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc: Any = yaml.safe_load(f)
+    except OSError as e:
+        raise FormatError(path, e.strerror or str(e)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise FormatError(path, f"not valid YAML: {getattr(e, 'problem', e)}",
+                          mark.line + 1 if mark is not None else None) from None
+    if isinstance(doc, dict):
+        doc = doc.get("metrics", doc.get("MetricDefinitions"))
+    if not isinstance(doc, list):
+        raise FormatError(path, "expected a list of metric definitions (name and regex)")
+    out = []
+    for i, item in enumerate(doc, 1):
+        if not isinstance(item, dict):
+            raise FormatError(path, f"definition {i}: expected a mapping with name and regex")
+        low = {str(k).lower(): v for k, v in item.items()}
+        unknown = set(low) - {"name", "regex", "time", "scale"}
+        if unknown:
+            raise FormatError(path, f"definition {i}: unknown field {sorted(unknown)[0]!r}")
+        if not isinstance(low.get("name"), str) or not isinstance(low.get("regex"), str):
+            raise FormatError(path, f"definition {i}: 'name' and 'regex' must be strings")
+        try:
+            d = MetricDefinition(low["name"], low["regex"], bool(low.get("time", False)),
+                                 float(low.get("scale", 1.0)))
+            d.compile()
+        except (ValueError, TypeError) as e:
+            raise FormatError(path, f"definition {i}: {e}") from None
+        out.append(d)
+    return out

@@ -1,0 +1,82 @@
+"""Hugging Face ``trainer_state.json``: ``log_history`` entries of step, loss, eval_loss,
+learning_rate, grad_norm and epoch; ``max_steps`` is the planned steps. No timestamps, so
+the clock is the step."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
+from adapters.local.definitions import MetricDefinition
+from adapters.local.errors import FormatError
+from checker.model import JobState
+
+# the Trainer's end-of-training summary entry; its presence means train() returned
+_SUMMARY = "train_runtime"
+_NOT_SERIES = frozenset({"step", "total_flos"})
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "infinity",
+                                                            "-infinity"):
+        return float(value)
+    return None
+
+
+class HuggingFaceReader(Reader):
+    name = "hf"
+
+    def matches_name(self, path: Path) -> bool:
+        if path.is_dir():
+            return (path / "trainer_state.json").is_file()
+        return plain_name(path) == "trainer_state.json"
+
+    def matches_content(self, path: Path) -> bool:
+        return path.is_file() and '"log_history"' in head(path, 65536)
+
+    def default_id(self, path: Path) -> str:
+        # output/checkpoint-500/trainer_state.json is the run "checkpoint-500"
+        if path.is_dir():
+            return path.name
+        return path.parent.name or super().default_id(path)
+
+    def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
+                select: str | None) -> None:
+        if path.is_dir():
+            path = path / "trainer_state.json"
+        with open_text(path) as f:
+            text = f.read()
+        if not text.strip():
+            return
+        try:
+            state = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FormatError(path, f"not valid JSON: {e.msg}", e.lineno) from None
+        if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+            raise FormatError(path, "no 'log_history' list: not a trainer_state.json")
+        max_steps = _number(state.get("max_steps"))
+        if max_steps is not None and math.isfinite(max_steps) and max_steps > 0:
+            run.planned_steps = int(max_steps)
+        for i, entry in enumerate(state["log_history"]):
+            if not isinstance(entry, dict):
+                raise FormatError(path, f"log_history[{i}]: expected an object")
+            step = _number(entry.get("step"))
+            step = math.nan if step is None else step
+            if _SUMMARY in entry:
+                run.state = JobState.SUCCEEDED
+                run.raw_state = "train_runtime logged"
+                continue  # run averages, not points of a curve
+            for key, value in entry.items():
+                v = _number(value)
+                if v is not None and key not in _NOT_SERIES:
+                    run.add(key, v, step, row=i)
+        global_step = _number(state.get("global_step"))
+        if global_step is not None and not run.kind:
+            run.add("step", global_step, global_step, row=0)

@@ -1,0 +1,105 @@
+"""Records made of named fields (a CSV row, a JSON object): which field is the step,
+which the time, and which are metrics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from adapters.local.base import (
+    CumulativeTime,
+    RunBuilder,
+    epoch_seconds,
+    looks_like_epoch,
+    parse_timestamp,
+)
+from adapters.local.errors import FormatError
+
+STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step"})
+WALL_KEYS = frozenset({"timestamp", "wall_time", "walltime", "_timestamp", "created_at",
+                       "datetime"})
+ELAPSED_KEYS = frozenset({"elapsed", "elapsed_time", "elapsed_s", "_runtime", "relative_time",
+                          "train_time"})
+AUTO_TIME_KEYS = frozenset({"time"})  # epoch seconds, ISO text, or seconds since start
+
+
+@lru_cache(maxsize=1024)
+def role(key: str) -> str:
+    low = key.strip().lower()
+    if low in STEP_KEYS:
+        return "step"
+    if low in WALL_KEYS:
+        return "wall"
+    if low in ELAPSED_KEYS:
+        return "elapsed"
+    if low in AUTO_TIME_KEYS:
+        return "time"
+    if low == "epoch":
+        return "epoch"
+    return "metric"
+
+
+class KeyedRecords:
+    """Feeds one record at a time to a ``RunBuilder``. ``field`` is the word used in error
+    messages ("column" for CSV, "key" for JSON)."""
+
+    def __init__(self, path: Path, run: RunBuilder, field: str) -> None:
+        self.path, self.run, self.field = path, run, field
+        self.clock = CumulativeTime()
+
+    def number(self, key: str, cell: str | float, line: int) -> float:
+        if isinstance(cell, float | int):
+            return float(cell)
+        try:
+            return float(cell)
+        except ValueError:
+            raise FormatError(self.path, f"{self.field} {key!r}: cannot read {cell!r} as a "
+                              "number", line) from None
+
+    def time(self, key: str, cell: str | float, line: int) -> tuple[float, bool]:
+        """(seconds, is_wall) from epoch seconds or ms, ISO-8601 text, or seconds since start."""
+        if isinstance(cell, str):
+            try:
+                return epoch_seconds(float(cell)), looks_like_epoch(float(cell))
+            except ValueError:
+                pass
+            try:
+                return parse_timestamp(cell), True
+            except ValueError:
+                raise FormatError(self.path, f"{self.field} {key!r}: cannot read {cell!r} as "
+                                  "a time (epoch seconds or ISO-8601)", line) from None
+        value = float(cell)
+        return epoch_seconds(value), looks_like_epoch(value)
+
+    def add(self, fields: Sequence[tuple[str, str | float]], line: int,
+            epoch_is_step: bool) -> None:
+        """One record; missing fields are simply absent from ``fields``."""
+        step = wall = elapsed = epoch = math.nan
+        metrics: list[tuple[str, float]] = []
+        for key, cell in fields:
+            r = role(key)
+            if r == "metric":
+                metrics.append((key, self.number(key, cell, line)))
+            elif r == "step":
+                step = self.number(key, cell, line)
+            elif r == "epoch":
+                epoch = self.number(key, cell, line)
+            elif r == "elapsed":
+                elapsed = self.clock(self.number(key, cell, line))
+            else:
+                t, is_wall = self.time(key, cell, line)
+                if is_wall or r == "wall":
+                    wall = t
+                else:
+                    elapsed = self.clock(t)
+        if epoch_is_step and math.isnan(step):
+            step = epoch
+        elif not math.isnan(epoch):
+            metrics.append(("epoch", epoch))
+        add = self.run.add
+        for key, value in metrics:
+            add(key, value, step, wall, elapsed, line)
+        if not metrics and not math.isnan(step):
+            add("step", step, step, wall, elapsed, line)

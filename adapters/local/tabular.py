@@ -1,0 +1,68 @@
+"""CSV metric files: PyTorch Lightning ``metrics.csv`` and Keras ``CSVLogger``.
+
+Lightning writes sparse rows (``step,epoch`` plus the metrics logged at that step): an
+empty cell is a missing value, the literal ``nan`` is a NaN and is kept. Keras writes one
+row per epoch (``epoch,loss,val_loss,...``) and the epoch is the step.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
+from adapters.local.definitions import MetricDefinition
+from adapters.local.errors import FormatError
+from adapters.local.keyed import KeyedRecords, role
+
+
+class CsvReader(Reader):
+    name = "csv"
+
+    def matches_name(self, path: Path) -> bool:
+        if path.is_dir():
+            return (path / "metrics.csv").is_file()
+        return plain_name(path).endswith((".csv", ".tsv"))
+
+    def matches_content(self, path: Path) -> bool:
+        if not path.is_file():
+            return False
+        first = head(path, 2048).partition("\n")[0].strip().lower()
+        names = [c.strip() for c in first.split(",")]
+        return len(names) >= 2 and any(role(n) in ("step", "epoch") for n in names)
+
+    def default_id(self, path: Path) -> str:
+        # Lightning: lightning_logs/version_3/metrics.csv is run "version_3"
+        if path.is_dir():
+            return path.name
+        if plain_name(path) == "metrics.csv" and path.parent.name:
+            return path.parent.name
+        return super().default_id(path)
+
+    def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
+                select: str | None) -> None:
+        if path.is_dir():
+            path = path / "metrics.csv"
+        delimiter = "\t" if plain_name(path).endswith(".tsv") else ","
+        with open_text(path) as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            header = next(reader, None)
+            if header is None:
+                return  # an empty file: a run that has just started
+            header = [h.strip() for h in header]
+            if len(set(header)) != len(header):
+                dup = next(h for h in header if header.count(h) > 1)
+                raise FormatError(path, f"column {dup!r} appears twice in the header", 1)
+            roles = [role(h) for h in header]
+            epoch_is_step = "step" not in roles
+            records = KeyedRecords(path, run, "column")
+            width = len(header)
+            for row in reader:
+                line = reader.line_num
+                if not row:
+                    continue
+                if len(row) > width:
+                    raise FormatError(path, f"row has {len(row)} cells but the header has "
+                                      f"{width} columns", line)
+                fields = [(header[i], cell) for i, cell in enumerate(row) if cell.strip()]
+                records.add(fields, line, epoch_is_step)

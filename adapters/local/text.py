@@ -1,0 +1,115 @@
+"""Plain log lines read with metric definitions (name + regex, SageMaker style)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from pathlib import Path
+
+from adapters.local.base import CumulativeTime, Reader, RunBuilder, open_text, parse_timestamp
+from adapters.local.definitions import DEFAULT_DEFINITIONS, PLANNED, STEP, MetricDefinition
+from adapters.local.errors import FormatError
+
+# An ISO-8601 timestamp at the start of a line, optionally in brackets.
+_TIMESTAMP = re.compile(
+    r"\[?(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)")
+_TS_START = frozenset("0123456789[")
+
+# what a definition does with its value, in the order a line is read: the time and the
+# step first, so the metrics on the same line get them
+TIME, STEP_ROLE, PLANNED_ROLE, METRIC = range(4)
+
+
+def _role(d: MetricDefinition) -> int:
+    if d.time:
+        return TIME
+    return {STEP: STEP_ROLE, PLANNED: PLANNED_ROLE}.get(d.name, METRIC)
+
+
+Compiled = list[tuple[re.Pattern[str], int, int, str, float]]
+
+
+def compile_definitions(
+    definitions: list[MetricDefinition] | tuple[MetricDefinition, ...],
+) -> Compiled:
+    """(regex, role, name id, name, scale), the step and time first; definitions of one
+    name stay together, and on a line the first of them that matches wins (so
+    ``train_time`` in ms and in s can share a name)."""
+    ids: dict[tuple[int, str], int] = {}
+    out: Compiled = []
+    for d in definitions:
+        role = _role(d)
+        gid = ids.setdefault((role, d.name), len(ids))
+        out.append((d.compile(), role, gid, d.name, d.scale))
+    out.sort(key=lambda item: (item[1], item[2]))  # stable: keeps each name's own order
+    return out
+
+
+class TextReader(Reader):
+    name = "text"
+
+    def matches_name(self, path: Path) -> bool:
+        return path.is_file() and path.name.removesuffix(".gz").endswith((".log", ".txt", ".out"))
+
+    def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
+                select: str | None) -> None:
+        try:
+            compiled = compile_definitions(definitions or DEFAULT_DEFINITIONS)
+        except ValueError as e:
+            raise FormatError(path, str(e)) from None
+        log = run.log
+        # the hot loop appends to the builder's columns itself: a call per record costs
+        # more than reading the line
+        kind, values, steps = run.kind.append, run.value.append, run.step.append
+        walls, elapses, rows = run.wall.append, run.elapsed.append, run.row.append
+        entries = [(rx, role, gid, name, scale, run.index(name if role == METRIC else STEP))
+                   for rx, role, gid, name, scale in compiled]
+        clock = CumulativeTime()
+        wall = elapsed = step = math.nan
+        with open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                matched = False
+                if line[:1] in _TS_START:
+                    ts = _TIMESTAMP.match(line)
+                    # a date-like prefix that is no real timestamp leaves the clock alone
+                    if ts is not None:
+                        with contextlib.suppress(ValueError):
+                            wall = parse_timestamp(ts.group(1).replace(",", "."))
+                hit = -1
+                for rx, role, gid, name, scale, series in entries:
+                    if gid == hit:
+                        continue  # an earlier definition of this name matched
+                    m = rx.search(line)
+                    if m is None:
+                        continue
+                    text = m.group(1)
+                    if text is None:
+                        continue
+                    try:
+                        value = float(text) * scale
+                    except ValueError:
+                        raise FormatError(path, f"metric {name!r}: cannot read {text!r} "
+                                          "as a number", lineno) from None
+                    hit = gid
+                    matched = True
+                    if role == TIME:
+                        elapsed = clock(value)
+                        continue
+                    if role == PLANNED_ROLE:
+                        if math.isfinite(value) and value > 0:
+                            run.planned_steps = int(value)
+                        continue
+                    if role == STEP_ROLE:
+                        step = value
+                    # a record: the metric, or the step (progress) with the line's times
+                    kind(series)
+                    values(value)
+                    steps(step)
+                    walls(wall)
+                    elapses(elapsed)
+                    rows(lineno)
+                if not matched:
+                    text = line.rstrip("\r\n")
+                    if text.strip():
+                        log(text, step, wall, elapsed, lineno)
