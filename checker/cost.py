@@ -54,20 +54,27 @@ def progress(job: Job) -> Series | None:
     return Series("step", best.time[ok], best.step[ok], best.step[ok])
 
 
+def recent_rate(prog: Series | None) -> float | None:
+    """Steps per second over the most recent half of the progress series, so that
+    compile and warm-up gaps at the start fall out; None when it cannot be told."""
+    if prog is None or len(prog) < 2:
+        return None
+    half = len(prog) // 2
+    dt = float(prog.time[-1] - prog.time[half])
+    ds = float(prog.step[-1] - prog.step[half])
+    return ds / dt if dt > 0 and ds > 0 else None
+
+
 def planned_end(job: Job, now: float) -> float | None:
     """When the job should finish on its clock: planned steps at the recent rate, or max runtime."""
     candidates: list[float] = []
     if job.max_runtime_s and job.start_time is not None:
         candidates.append(job.start_time + job.max_runtime_s)
     prog = progress(job)
-    if job.planned_steps and prog is not None and len(prog) >= 2 and job.clock != "step":
-        # The rate over the most recent half of the run: compile and warm-up gaps fall out.
-        half = len(prog) // 2
-        dt = prog.time[-1] - prog.time[half]
-        ds = prog.step[-1] - prog.step[half]
-        if dt > 0 and ds > 0:
-            remaining = max(job.planned_steps - prog.step[-1], 0.0)
-            candidates.append(max(now, float(prog.time[-1])) + remaining * dt / ds)
+    rate = recent_rate(prog) if job.clock != "step" else None
+    if job.planned_steps and prog is not None and rate:
+        remaining = max(job.planned_steps - prog.step[-1], 0.0)
+        candidates.append(max(now, float(prog.time[-1])) + remaining / rate)
     finite = [c for c in candidates if math.isfinite(c)]
     return min(finite) if finite else None
 

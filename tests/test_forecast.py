@@ -118,7 +118,11 @@ def check(rule: Target, job: Job, policy: Policy | None = None) -> list:  # type
 def test_rule_fires_on_a_run_that_clearly_misses_its_target() -> None:
     step = np.arange(10, 601, 10.0)
     value = noisy(power(step, 1000, a=3.6, b=0.3), 0.002, 0)
-    found = check(Target({"target": 3.28}), job_with(step, value, 1000))
+    # Without a recipe prior the miss is only information; asked to act, it warns.
+    (info,) = check(Target({"target": 3.28}), job_with(step, value, 1000))
+    assert info.severity is Severity.INFO and info.evidence["prior"] is False
+    found = check(Target({"target": 3.28, "act_without_prior": True}),
+                  job_with(step, value, 1000))
     assert len(found) == 1
     f = found[0]
     assert f.severity is Severity.WARNING and f.rule == "target"

@@ -441,3 +441,18 @@ def test_readers_never_leak_file_handles(tmp_path: Path) -> None:
             load_run(path)
     after = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     assert after <= before + 1
+
+
+def test_csv_half_written_last_row_is_skipped_until_complete(tmp_path: Path) -> None:
+    """A watched run's CSV may end mid-row; a complete file keeps strictness."""
+    from adapters.local import FormatError, load_run
+
+    p = tmp_path / "metrics.csv"
+    p.write_text("step,loss\n0,2.5\n1,2.4\n2,2.")
+    job = load_run(p)
+    assert list(job.series["loss"].value[:2]) == [2.5, 2.4]
+    p.write_text("step,loss\n0,2.5\n1,2.4\n2,ab")
+    assert list(load_run(p).series["loss"].value) == [2.5, 2.4]
+    p.write_text("step,loss\n0,2.5\n1,2.4\n2,ab\n")
+    with pytest.raises(FormatError, match="metrics.csv:4"):
+        load_run(p)

@@ -8,6 +8,7 @@ row per epoch (``epoch,loss,val_loss,...``) and the epoch is the step.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
@@ -45,24 +46,36 @@ class CsvReader(Reader):
             path = path / "metrics.csv"
         delimiter = "\t" if plain_name(path).endswith(".tsv") else ","
         with open_text(path) as f:
-            reader = csv.reader(f, delimiter=delimiter)
-            header = next(reader, None)
-            if header is None:
-                return  # an empty file: a run that has just started
-            header = [h.strip() for h in header]
-            if len(set(header)) != len(header):
-                dup = next(h for h in header if header.count(h) > 1)
-                raise FormatError(path, f"column {dup!r} appears twice in the header", 1)
-            roles = [role(h) for h in header]
-            epoch_is_step = "step" not in roles
-            records = KeyedRecords(path, run, "column")
-            width = len(header)
-            for row in reader:
-                line = reader.line_num
-                if not row:
-                    continue
+            text = f.read()
+        # A file being written may end in half a row. Such a row is read if it can be
+        # and skipped if it cannot: the next read sees it whole. A complete file (ending
+        # in a newline) gets no such leniency.
+        partial_tail = bool(text) and not text.endswith("\n")
+        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+        header = next(reader, None)
+        if header is None:
+            return  # an empty file: a run that has just started
+        header = [h.strip() for h in header]
+        if len(set(header)) != len(header):
+            dup = next(h for h in header if header.count(h) > 1)
+            raise FormatError(path, f"column {dup!r} appears twice in the header", 1)
+        roles = [role(h) for h in header]
+        epoch_is_step = "step" not in roles
+        records = KeyedRecords(path, run, "column")
+        width = len(header)
+        rows = list(reader)
+        last = len(rows) - 1
+        for i, row in enumerate(rows):
+            line = i + 2
+            if not row:
+                continue
+            try:
                 if len(row) > width:
                     raise FormatError(path, f"row has {len(row)} cells but the header has "
                                       f"{width} columns", line)
                 fields = [(header[i], cell) for i, cell in enumerate(row) if cell.strip()]
                 records.add(fields, line, epoch_is_step)
+            except FormatError:
+                if i == last and partial_tail:
+                    break
+                raise

@@ -1,5 +1,16 @@
 """The built-in rules. Importing this package registers each of them by name."""
 
-from checker.rules import budget, divergence, logs, plateau, restarts, stall, utilization
+from checker.rules import (
+    budget,
+    divergence,
+    logs,
+    plateau,
+    restarts,
+    stall,
+    target,
+    utilization,
+)
 
-__all__ = ["budget", "divergence", "logs", "plateau", "restarts", "stall", "utilization"]
+__all__ = [
+    "budget", "divergence", "logs", "plateau", "restarts", "stall", "target", "utilization",
+]
