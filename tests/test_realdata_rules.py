@@ -56,6 +56,19 @@ def test_no_false_alarm_on_any_healthy_modded_nanogpt_run(curves_dir: Path) -> N
     assert alarms == []
 
 
+def test_healthy_gans_raise_nothing_at_any_step_of_a_replay(curves_dir: Path) -> None:
+    policy = default_policy()
+    for row in labelled(curves_dir, "genrisk/"):
+        if row["label"] != "healthy":
+            continue
+        job = load_run(curves_dir / row["run"])
+        end = int(job.last_time() or 0)
+        for t in range(end + 1):
+            raised = [f for f in evaluate([job.until(t)], policy, float(t))
+                      if f.severity is not Severity.INFO]
+            assert raised == [], f"{row['run']} at step {t}: {raised[0].message}"
+
+
 def test_genrisk_verdicts(curves_dir: Path) -> None:
     policy = default_policy()
     for row in labelled(curves_dir, "genrisk/"):

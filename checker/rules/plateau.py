@@ -6,8 +6,8 @@ single noisy values. This rule compares robust levels at the start and end of a
 window (by default the later half of the run so far, which suits power-law
 learning curves at any stage) and fires only when it is confident, given the
 window's own noise, that the improvement is below ``min_rel_improvement`` of the
-level. A metric that changes sign (a GAN critic's Wasserstein loss) is not an
-objective with a floor and is not judged.
+level. A metric that has gone below zero (a GAN critic's Wasserstein loss) has no
+floor to measure improvement against and is not judged.
 
 On the shared real runs, healthy runs improve by at least 2.4 % over the later
 half at every stage; the flat ones by at most 0.6 % (docs/benchmarks.md).
@@ -57,8 +57,10 @@ class Plateau(Rule):
             return []
         lo, v = win
         sign = 1.0 if p.mode == "min" else -1.0
-        if v.min() < 0 < v.max():
-            return []  # changes sign: not an objective with a floor
+        if s.value.min() < 0:
+            # Improvement relative to the level needs a floor at zero; a metric that went
+            # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
+            return []
         k = max(len(v) // 3, 2)
         head, tail = v[:k], v[-k:]
         level = abs(median(v))

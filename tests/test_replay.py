@@ -1,0 +1,132 @@
+"""The replay engine: ticks, first fire, escalation and the savings arithmetic."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from checker.model import Finding, Job, JobState, Series, Severity
+from checker.policy import Cost, Policy
+from checker.rules.base import Context, Rule, param
+from trainguard.replay import replay, tick_times
+
+
+@dataclass
+class _ThresholdParams:
+    warn_above: float = param(5.0, "warning when the last loss is above this")
+
+
+class Threshold(Rule):
+    """A rule whose behaviour the test knows exactly: warning while the loss is above
+    ``warn_above``, critical from the first non-finite loss on."""
+
+    name = "threshold"
+    Params = _ThresholdParams
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        s = job.series.get("loss")
+        if s is None or not len(s):
+            return []
+        bad = np.flatnonzero(~np.isfinite(s.value))
+        if len(bad):
+            i = int(bad[0])
+            return [Finding(job.id, self.name, Severity.CRITICAL, "loss is not finite",
+                            started_at=float(s.time[i]), step=float(s.step[i]),
+                            evidence={"kind": "loss"})]
+        if s.value[-1] > self.params.warn_above:
+            return [Finding(job.id, self.name, Severity.WARNING, "loss is high",
+                            started_at=float(s.time[-1]), step=float(s.step[-1]),
+                            evidence={"kind": "loss"})]
+        return []
+
+
+def _run(clock: str = "elapsed", high_from: float = 600.0, nan_from: float = 1000.0,
+         end: float = 3600.0, every: float = 10.0) -> Job:
+    """A run logging every ``every`` s (one step per record): a falling loss, too high
+    from ``high_from``, NaN from ``nan_from``, last record at ``end``."""
+    t = np.arange(0.0, end + every / 2, every)
+    step = t / every
+    loss = 4.0 / (1.0 + step / 10)
+    loss[t >= high_from] = 7.0
+    loss[t >= nan_from] = np.nan
+    job = Job(id="run-1", clock=clock, state=JobState.RUNNING)  # type: ignore[arg-type]
+    job.series["loss"] = Series("loss", t, step, loss)
+    job.series["step"] = Series("step", t, step, step)
+    return job
+
+
+def test_ticks_run_from_first_record_to_one_tick_past_the_last() -> None:
+    assert tick_times(100.0, 200.0, 60.0).tolist() == [100.0, 160.0, 220.0]
+    assert tick_times(100.0, 220.0, 60.0).tolist() == [100.0, 160.0, 220.0]
+    assert tick_times(5.0, 5.0, 60.0).tolist() == [5.0]
+    with pytest.raises(ValueError, match="tick"):
+        tick_times(0.0, 10.0, 0.0)
+
+
+def test_first_fire_and_escalation_land_on_the_right_ticks() -> None:
+    result = replay(_run(), Policy(), 60.0, rules=[Threshold()])
+    assert result.unit == "s"
+    assert result.ticks == 61  # 0, 60, ..., 3600
+    [h] = result.histories  # one key: warning then critical is one finding escalating
+    assert h.key == "run-1/threshold/loss"
+    # the loss turns high at t=600, a tick: seen at once, at step 60
+    assert (h.first.time, h.first.step, h.first.severity) == (600.0, 60.0, Severity.WARNING)
+    # NaN from t=1000: the first tick that sees it is t=1020 (step 102)
+    [esc] = h.escalations
+    assert (esc.time, esc.step, esc.severity) == (1020.0, 102.0, Severity.CRITICAL)
+    assert h.worst is Severity.CRITICAL
+    assert h.last_seen.time == 3600.0
+    assert h.finding.started_at == 1000.0  # the rule's own onset, kept beside the tick
+
+
+def test_savings_are_remaining_time_times_price_and_gpus() -> None:
+    job = _run()
+    job.hourly_price, job.gpus_per_instance, job.instance_count = 3.0, 4, 2
+    result = replay(job, Policy(), 60.0, rules=[Threshold()])
+    s = result.savings
+    assert s is not None
+    hours = (3600.0 - 1020.0) / 3600.0  # stopped at the first critical tick, ran to 3600
+    assert s.stop_time == 1020.0 and s.end_time == 3600.0
+    assert s.remaining_hours == pytest.approx(hours)
+    assert s.remaining_steps == 360 - 102
+    assert s.hourly_usd == pytest.approx(6.0)  # two instances at $3
+    assert s.usd == pytest.approx(6.0 * hours)
+    assert s.gpu_hours == pytest.approx(8 * hours)
+    assert result.histories[0].savings == s
+
+
+def test_savings_priced_by_the_policy_when_the_job_has_no_price() -> None:
+    policy = Policy(cost=Cost(default_hourly_usd=10.0))
+    s = replay(_run(), policy, 60.0, rules=[Threshold()]).savings
+    assert s is not None and s.gpu_hours is None
+    assert s.usd == pytest.approx(10.0 * (3600.0 - 1020.0) / 3600.0)
+
+
+def test_a_run_that_never_goes_critical_saves_nothing() -> None:
+    result = replay(_run(nan_from=math.inf), Policy(), 60.0, rules=[Threshold()])
+    assert [h.worst for h in result.histories] == [Severity.WARNING]
+    assert result.savings is None and result.first_critical is None
+
+
+def test_step_clock_ticks_in_steps_and_saves_steps_not_dollars() -> None:
+    job = _run(clock="step", every=1.0, high_from=50.0, nan_from=95.0, end=300.0)
+    job.hourly_price = 5.0
+    result = replay(job, Policy(), 10.0, rules=[Threshold()])
+    assert result.unit == "step"
+    [h] = result.histories
+    assert h.first.time == 50.0 and h.escalations[0].time == 100.0
+    s = result.savings
+    assert s is not None
+    assert s.remaining_steps == 200.0
+    assert s.remaining_hours is None and s.usd is None
+
+
+def test_replay_with_the_real_rules_catches_a_nan_divergence_soon_after_onset() -> None:
+    result = replay(_run(high_from=math.inf), Policy(), 60.0)
+    crit = result.first_critical
+    assert crit is not None and crit.rule == "divergence"
+    fire = crit.first_critical
+    assert fire is not None and 1000.0 <= fire.time <= 1000.0 + 3 * 60.0

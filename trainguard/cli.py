@@ -1,0 +1,396 @@
+"""The ``trainguard`` command line: check, replay, rules, policy, watch, demo.
+
+Exit codes: 0 when no finding is critical, 1 when one is, 2 for bad input (a file
+that cannot be read, a bad policy or option), always as one line naming the file,
+line and reason, never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from checker.evaluate import build_rules, evaluate
+from checker.model import Job, Severity
+from checker.policy import Policy
+from checker.registry import RULES, rule_names
+from trainguard import report
+from trainguard.report import Checked, Run
+
+app = typer.Typer(
+    help="A watchdog for expensive ML training jobs: judge runs, replay them, manage policies.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+policy_app = typer.Typer(help="Show or validate a policy file.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+#: More files than this get a progress bar (on stderr, so JSON on stdout stays clean).
+PROGRESS_AFTER = 3
+#: Default replay tick: the watchdog's usual cadence (seconds, or steps on a step clock).
+DEFAULT_TICK = 60.0
+
+
+class OutputFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+def fail(message: str) -> NoReturn:
+    """Report bad input, one line per problem (a policy may have several), and exit 2."""
+    for line in message.splitlines() or [""]:
+        typer.echo(f"trainguard: error: {line}", err=True)  # never wrapped: one line each
+    raise typer.Exit(2)
+
+
+@contextmanager
+def bad_input() -> Iterator[None]:
+    """Turn the errors of reading user input into one line and exit code 2."""
+    from adapters.local.errors import FormatError
+    from trainguard.policy import PolicyError
+
+    try:
+        yield
+    except (FormatError, PolicyError) as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename or ''}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        fail(f"not a text file ({e.reason})")
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def load_policy(path: Path | None) -> Policy:
+    from trainguard.policy import default_policy
+    from trainguard.policy import load_policy as _load
+
+    with bad_input():
+        return _load(path) if path is not None else default_policy()
+
+
+def _definitions(options: list[str] | None) -> list[Any] | None:
+    from adapters.local.definitions import parse_metric_option
+
+    if not options:
+        return None
+    defs = []
+    for option in options:
+        try:
+            defs.append(parse_metric_option(option))
+        except ValueError as e:
+            fail(f"--metric {option!r}: {e}" if not str(e).startswith("--metric") else str(e))
+    return defs
+
+
+def _recognised(path: Path) -> bool:
+    from adapters.local import FORMATS
+
+    return any(reader.sniff(path) for reader in FORMATS.values())
+
+
+def _local_files(path: Path) -> list[Path]:
+    """A file as given; a folder searched for what some reader recognises. A folder that is
+    itself a run (a TensorBoard log dir, an MLflow store) counts once and is not entered."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        fail(f"{path}: no such file or folder")
+    if _recognised(path):
+        return [path]
+    found: list[Path] = []
+    for top, dirs, files in os.walk(path):
+        dirs.sort()
+        for d in list(dirs):
+            sub = Path(top, d)
+            if d.startswith(".") or _recognised(sub):
+                dirs.remove(d)
+                if not d.startswith("."):
+                    found.append(sub)
+        found += [Path(top, f) for f in sorted(files)
+                  if not f.startswith(".") and _recognised(Path(top, f))]
+    return sorted(found, key=_natural)
+
+
+def _natural(path: Path) -> list[Any]:
+    """version_2 before version_10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
+
+
+def _local_load(path: Path, definitions: list[Any] | None) -> Run:
+    from adapters.local import detect_format, load_run
+
+    fmt = detect_format(path)
+    return Run(str(path), fmt, load_run(path, definitions=definitions, fmt=fmt))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    files: Callable[[Path], list[Path]]  # a PATH argument -> the run files in it
+    load: Callable[[Path, list[Any] | None], Run]
+
+
+SOURCES: dict[str, Source] = {"local": Source(_local_files, _local_load)}
+
+
+def _apply_overrides(job: Job, price: float | None, gpus: int | None) -> None:
+    if price is not None:  # --price is for the whole job; the model prices one instance
+        job.hourly_price = price / max(job.instance_count, 1)
+    if gpus is not None:
+        job.gpus_per_instance = gpus
+
+
+def load_runs(paths: list[Path], source: str, metrics: list[str] | None,
+              price: float | None, gpus: int | None) -> Iterator[Run]:
+    """Every run under ``paths``, loaded one by one (with a progress bar when many)."""
+    if source not in SOURCES:
+        fail(f"--source {source!r}: unknown source (known: {', '.join(sorted(SOURCES))})")
+    src = SOURCES[source]
+    definitions = _definitions(metrics)
+    with bad_input():
+        files = [f for p in paths for f in src.files(p)]
+    if not files:
+        fail(f"no run files found in {', '.join(map(str, paths))}")
+    with Progress(console=err, transient=True, disable=len(files) <= PROGRESS_AFTER) as bar:
+        task = bar.add_task("reading runs", total=len(files))
+        for f in files:
+            with bad_input():
+                run = src.load(f, definitions)
+            _apply_overrides(run.job, price, gpus)
+            yield run
+            bar.advance(task)
+
+
+def _plot_path(base: Path, run: Run, many: bool) -> Path:
+    if not many:
+        return base
+    safe = re.sub(r"[^\w.-]+", "_", run.job.id)
+    return base.with_name(f"{base.stem}-{safe}{base.suffix or '.png'}")
+
+
+# --- shared options ---------------------------------------------------------------------------
+
+PathsArg = Annotated[list[Path], typer.Argument(
+    help="Run files, or folders searched recursively for files a reader recognises.")]
+PolicyOpt = Annotated[Path | None, typer.Option(
+    "--policy", help="Policy YAML (default: the built-in default policy).")]
+MetricOpt = Annotated[list[str] | None, typer.Option(
+    "--metric", metavar="NAME=REGEX",
+    help="Extra metric definition for text logs (repeatable); the regex has one group.")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output: table or json.")]
+SourceOpt = Annotated[str, typer.Option("--source", help="Where runs come from.")]
+PlotOpt = Annotated[Path | None, typer.Option(
+    "--plot", metavar="FILE.png",
+    help="Draw the curves with each finding marked; several runs write FILE-<run id>.png.")]
+PriceOpt = Annotated[float | None, typer.Option(
+    "--price", metavar="USD_PER_HOUR", min=0.0,
+    help="Hourly cost of the whole job, overriding the policy and price book.")]
+GpusOpt = Annotated[int | None, typer.Option(
+    "--gpus", min=0, help="GPUs per instance, for GPU-hours (local logs do not say).")]
+
+
+# --- check ------------------------------------------------------------------------------------
+
+@app.command()
+def check(paths: PathsArg, policy: PolicyOpt = None, metric: MetricOpt = None,
+          format: FormatOpt = OutputFormat.table, source: SourceOpt = "local",
+          plot: PlotOpt = None, price: PriceOpt = None, gpus: GpusOpt = None) -> None:
+    """Judge each run as of its last record; exit 1 if any finding is critical."""
+    pol = load_policy(policy)
+    rules = build_rules(pol)
+    checked = []
+    for run in load_runs(paths, source, metric, price, gpus):
+        now = run.job.last_time()
+        findings = evaluate([run.job], pol, now, rules=rules) if now is not None else []
+        checked.append(Checked(run, now, findings))
+    if plot is not None:
+        from trainguard.plot import markers_from_findings, plot_run
+
+        for c in checked:
+            plot_run(c.run.job, markers_from_findings(c.findings),
+                     _plot_path(plot, c.run, len(checked) > 1), title=Path(c.run.path).name)
+    if format is OutputFormat.json:
+        typer.echo(report.dumps(report.check_json(checked, pol.name)))
+    else:
+        report.print_check(out, checked)
+    critical = any(f.severity is Severity.CRITICAL for c in checked for f in c.findings)
+    raise typer.Exit(1 if critical else 0)
+
+
+# --- replay -----------------------------------------------------------------------------------
+
+@app.command()
+def replay(paths: PathsArg,
+           tick: Annotated[float, typer.Option(
+               "--tick",
+               help="Seconds between ticks on the run's own time axis "
+                    "(steps on a run that has only steps).")] = DEFAULT_TICK,
+           policy: PolicyOpt = None, metric: MetricOpt = None, plot: PlotOpt = None,
+           format: FormatOpt = OutputFormat.table, price: PriceOpt = None,
+           gpus: GpusOpt = None, source: SourceOpt = "local") -> None:
+    """Replay finished runs tick by tick as if they were live.
+
+    Says when each finding first fired, when it escalated, and what stopping at the first
+    critical one would have saved. Exit 1 if any finding went critical.
+    """
+    from trainguard.replay import replay as run_replay
+
+    pol = load_policy(policy)
+    rules = build_rules(pol)
+    results = []
+    for run in load_runs(paths, source, metric, price, gpus):
+        try:
+            results.append((run, run_replay(run.job, pol, tick, rules=rules)))
+        except ValueError as e:  # too many ticks: a tick in the wrong unit
+            fail(f"{run.path}: {e}")
+    if plot is not None:
+        from trainguard.plot import markers_from_replay, plot_run
+
+        for run, r in results:
+            plot_run(run.job, markers_from_replay(r), _plot_path(plot, run, len(results) > 1),
+                     title=f"{Path(run.path).name} (replay, tick {r.tick:g} {r.unit})")
+    if format is OutputFormat.json:
+        typer.echo(report.dumps(report.replay_json(results, pol.name)))
+    else:
+        report.print_replay(out, results)
+    critical = any(h.worst is Severity.CRITICAL for _, r in results for h in r.histories)
+    raise typer.Exit(1 if critical else 0)
+
+
+# --- rules and policies -----------------------------------------------------------------------
+
+@app.command("rules")
+def rules_cmd() -> None:
+    """Every registered rule with its parameters, defaults and what they mean."""
+    table = Table(show_lines=False, title="trainguard rules")
+    for col in ("rule", "parameter", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for name in rule_names():
+        cls = RULES[name]
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
+        params = cls.describe()
+        table.add_row(f"[bold]{name}[/]", "", "", doc.splitlines()[0] if doc else "",
+                      end_section=not params)
+        for i, (pname, default, pdoc) in enumerate(params):
+            table.add_row("", pname, repr(default), pdoc, end_section=i == len(params) - 1)
+    out.print(table)
+
+
+def effective_policy(policy: Policy) -> dict[str, Any]:
+    """The policy as YAML-ready data with every registered rule and every parameter's
+    default filled in: what the watchdog will actually use."""
+    from trainguard.policy import policy_to_dict
+
+    data = policy_to_dict(policy)
+    rules = {}
+    for name in rule_names():
+        cfg = policy.rule(name)
+        defaults = {p: d for p, d, _ in RULES[name].describe()}
+        rules[name] = {"enabled": cfg.enabled, "params": defaults | dict(cfg.params),
+                       "actions": data["rules"].get(name, {}).get("actions")
+                       or {s.value: a.value for s, a in cfg.actions.items()}}
+    data["rules"] = rules
+    return data
+
+
+@policy_app.command("show")
+def policy_show(file: Annotated[Path | None, typer.Argument(
+        help="Policy YAML; without it, the built-in default.")] = None) -> None:
+    """Print the effective policy (defaults filled in) as YAML."""
+    import yaml
+
+    typer.echo(yaml.safe_dump(effective_policy(load_policy(file)), sort_keys=False), nl=False)
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="Policy YAML to validate.")]) -> None:
+    """Validate a policy file: exit 0 when valid, 2 with file, line and reason when not."""
+    pol = load_policy(file)
+    out.print(f"{file}: ok (policy {pol.name!r}, {len(pol.rules)} rule sections)")
+
+
+# --- watch and demo: thin wrappers over lambdas.local and trainguard.demo ---------------------
+
+def _pids(options: list[str] | None) -> dict[str | Path, int]:
+    pids: dict[str | Path, int] = {}
+    for option in options or []:
+        path, sep, pid = option.rpartition("=")
+        if not sep or not path or not pid.isdigit():
+            fail(f"--pid {option!r}: expected PATH=PID, e.g. 'runs/train.log=4242'")
+        pids[path] = int(pid)
+    return pids
+
+
+@app.command()
+def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being written.")],
+          policy: PolicyOpt = None, metric: MetricOpt = None,
+          tick: Annotated[float, typer.Option("--tick", help="Seconds between ticks.")] = 30.0,
+          state: Annotated[Path, typer.Option(
+              "--state", help="SQLite file for findings memory and the audit log.")]
+          = Path(".trainguard/state.sqlite"),
+          until: Annotated[float | None, typer.Option(
+              "--until", help="Stop watching after this many seconds.")] = None,
+          pid: Annotated[list[str] | None, typer.Option(
+              "--pid", metavar="PATH=PID",
+              help="The process writing PATH: its state is the job's, and a stop signals it.")]
+          = None,
+          json_out: Annotated[Path | None, typer.Option(
+              "--json", metavar="FILE", help="Write the outcome of every run as JSON.")]
+          = None) -> None:
+    """Watch run files live with the watchdog's own tick; exit 1 if a finding went critical.
+
+    Ends when every --pid process has exited, after --until seconds, or on Ctrl-C.
+    """
+    from lambdas.local import watch as run_watch
+
+    pol = load_policy(policy)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_watch(paths, pol, state, tick, out, until=until, processes=_pids(pid),
+                           definitions=_definitions(metric))
+    except ValueError as e:  # a bad tick, a --pid for a file not watched
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if json_out is not None:
+        json_out.write_text(report.dumps(result.to_dict()) + "\n")
+    critical = any(f.get("severity") == "critical" for r in result.runs for f in r.findings)
+    raise typer.Exit(1 if critical else 0)
+
+
+@app.command()
+def demo(workdir: Annotated[Path, typer.Option(
+             "--workdir", help="Where the runs' logs and the watchdog's state are left.")]
+         = Path("trainguard-demo"),
+         seed: Annotated[int, typer.Option("--seed", help="Seed of the four trainings.")] = 0,
+         format: FormatOpt = OutputFormat.table) -> None:
+    """Four small real trainings on the CPU (one healthy, three going wrong), watched live;
+    the watchdog stops the bad ones and says what that saved. Needs scikit-learn."""
+    try:
+        from trainguard.demo import run_demo
+    except ImportError as e:  # the demo extra is not installed
+        fail(f"the demo needs the 'demo' extra (pip install 'trainguard[demo]'): {e}")
+    console = err if format is OutputFormat.json else out  # JSON alone on stdout
+    result = run_demo(workdir, console, seed=seed)
+    if format is OutputFormat.json:
+        typer.echo(report.dumps(result.to_dict()))
+    else:
+        out.print(result.table())
+
+
+def main() -> None:  # pragma: no cover - the console script
+    app()
