@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from checker import Job, Policy, Series, evaluate  # noqa: E402
-from checker.evaluate import build_rules  # noqa: E402
+from checker import Job, Policy, Series, evaluate
+from checker.evaluate import build_rules
 
 
 def make_jobs(n: int, n_series: int, points: int, seed: int = 0) -> tuple[list[Job], float]:

@@ -454,5 +454,5 @@ def test_csv_half_written_last_row_is_skipped_until_complete(tmp_path: Path) -> 
     p.write_text("step,loss\n0,2.5\n1,2.4\n2,ab")
     assert list(load_run(p).series["loss"].value) == [2.5, 2.4]
     p.write_text("step,loss\n0,2.5\n1,2.4\n2,ab\n")
-    with pytest.raises(FormatError, match="metrics.csv:4"):
+    with pytest.raises(FormatError, match=r"metrics\.csv:4"):
         load_run(p)

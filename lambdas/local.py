@@ -1,0 +1,352 @@
+"""The local watchdog: the shared tick over run files being written and the processes
+writing them, with state in SQLite.
+
+``LocalSource`` lists one job per run file (re-read only when the file changed) and, when
+a run is tied to a process, takes the job's state from the process and stops it with
+SIGTERM, then SIGKILL after a grace period. ``watch`` runs the tick every ``tick_s``
+seconds, prints findings and stops as they happen, and ends when every watched process
+has exited (or after ``until`` seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from adapters.local import MetricDefinition, load_run
+from checker.cost import progress
+from checker.model import Job, JobState
+from checker.policy import Policy
+from checker.rules.base import Rule
+from lambdas.sqlite_state import SQLiteStore
+from lambdas.state import AuditAction, AuditRecord
+from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
+
+GRACE_S = 10.0
+
+
+class Process:
+    """A process to watch: a child we started (``Popen``) or any PID."""
+
+    def __init__(self, target: int | subprocess.Popen[Any]) -> None:
+        self.popen = target if isinstance(target, subprocess.Popen) else None
+        self.pid = target.pid if isinstance(target, subprocess.Popen) else int(target)
+        self.exit_code: int | None = None
+        self.exited_at: float | None = None
+        self.term_sent_at: float | None = None
+        self.killed = False
+
+    def poll(self, now: float) -> bool:
+        """True while the process runs; notes its exit code and time once it has ended."""
+        if self.exited_at is not None:
+            return False
+        if self.popen is not None:
+            code = self.popen.poll()
+            alive = code is None
+        else:
+            code = None
+            try:
+                os.kill(self.pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                alive = True  # someone else's process, still there
+        if not alive:
+            self.exit_code, self.exited_at = code, now
+        return alive
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own
+            os.kill(self.pid, sig)
+
+
+@dataclass
+class LocalRun:
+    path: Path
+    job_id: str
+    process: Process | None = None
+    definitions: list[MetricDefinition] | None = None
+    fmt: str | None = None
+    signature: tuple[int, int] | None = None  # (size, mtime_ns) of the last read
+    job: Job | None = None  # the last good read
+    read_error: str | None = None
+
+
+def on_wall_clock(job: Job, mtime: float) -> Job:
+    """A log with only a cumulative time field (``clock="elapsed"``) put on the wall clock
+    the watchdog ticks on: its last record was written when the file last changed."""
+    last = job.last_time()
+    if job.clock != "elapsed" or last is None:
+        return job
+    offset = mtime - last
+    series = {k: dataclasses.replace(s, time=s.time + offset) for k, s in job.series.items()}
+    logs = [dataclasses.replace(line, time=line.time + offset) for line in job.logs]
+    return dataclasses.replace(
+        job, clock="wall", series=series, logs=logs,
+        start_time=job.start_time + offset if job.start_time is not None else None,
+        end_time=job.end_time + offset if job.end_time is not None else None)
+
+
+class LocalSource:
+    """Jobs from local run files, optionally tied to the processes writing them."""
+
+    name = "local"
+
+    def __init__(self, runs: Sequence[LocalRun], grace_s: float = GRACE_S) -> None:
+        self.runs = list(runs)
+        self.grace_s = grace_s
+        self._by_id = {r.job_id: r for r in self.runs}
+
+    def list_jobs(self, now: float) -> list[Job]:
+        jobs = []
+        for run in self.runs:
+            if run.process is not None:
+                self._escalate(run.process, now)
+            job = self._read(run)
+            if job is not None:
+                jobs.append(self._with_state(run, job, now))
+        return jobs
+
+    def _read(self, run: LocalRun) -> Job | None:
+        try:
+            st = run.path.stat()
+        except FileNotFoundError:
+            return run.job  # not written yet (or removed): nothing new to read
+        signature = (st.st_size, st.st_mtime_ns)
+        if signature != run.signature:
+            try:
+                job = load_run(run.path, run.definitions, run.fmt, job_id=run.job_id)
+                run.job = on_wall_clock(job, st.st_mtime)
+                run.read_error = None
+            except Exception as e:  # a half-written or broken file: keep the last good read
+                run.read_error = f"{run.path}: {e}"
+            run.signature = signature
+        return run.job
+
+    def _with_state(self, run: LocalRun, job: Job, now: float) -> Job:
+        proc = run.process
+        if proc is None:
+            return job
+        alive = proc.poll(now)
+        tags = {**job.tags, "pid": str(proc.pid)}
+        if alive:
+            stopping = proc.term_sent_at is not None
+            return dataclasses.replace(
+                job, tags=tags, state=JobState.STOPPING if stopping else JobState.RUNNING,
+                raw_state=f"pid {proc.pid} {'stopping' if stopping else 'running'}")
+        code = proc.exit_code
+        if proc.term_sent_at is not None:
+            state, raw = JobState.STOPPED, f"stopped by trainguard (exit {code})"
+        elif code == 0:
+            state, raw = JobState.SUCCEEDED, "exit 0"
+        elif code is None:
+            state, raw = JobState.UNKNOWN, f"pid {proc.pid} ended, exit code unknown"
+        else:
+            state, raw = JobState.FAILED, f"exit {code}"
+        return dataclasses.replace(
+            job, tags=tags, state=state, raw_state=raw, end_time=proc.exited_at,
+            failure_reason=raw if state == JobState.FAILED else job.failure_reason)
+
+    def _escalate(self, proc: Process, now: float) -> None:
+        """SIGKILL a process that ignored SIGTERM for longer than the grace period."""
+        if (proc.term_sent_at is not None and not proc.killed
+                and now - proc.term_sent_at >= self.grace_s and proc.poll(now)):
+            proc.signal(signal.SIGKILL)
+            proc.killed = True
+
+    def stop(self, job: Job, reason: str) -> None:
+        run = self._by_id.get(job.id)
+        if run is None or run.process is None:
+            raise RuntimeError(f"run {job.id!r} has no process to stop (watch a PID to stop it)")
+        if run.process.term_sent_at is None:
+            run.process.term_sent_at = time.time()
+            run.process.signal(signal.SIGTERM)
+
+    @property
+    def processes(self) -> list[Process]:
+        return [r.process for r in self.runs if r.process is not None]
+
+
+class ConsoleSink:
+    """Prints alarm events as they happen and keeps them for the result."""
+
+    def __init__(self, console: Console, started: float) -> None:
+        self.console = console
+        self.started = started
+        self.events: list[AlarmEvent] = []
+
+    def send(self, event: AlarmEvent) -> None:
+        self.events.append(event)
+        m = event.memory
+        at = f"[dim]{event.time - self.started:6.1f}s[/]"
+        run = escape(event.job.id if event.job else event.job_key.rsplit(":", 1)[-1])
+        style = {"critical": "bold red", "warning": "yellow"}.get(m.severity, "cyan")
+        if event.kind == "resolve":
+            ended = (f" (run {event.job.state.value.lower()})"
+                     if event.job is not None and event.job.state != JobState.RUNNING else "")
+            self.console.print(f"{at} [green]cleared[/] {run}: {m.rule}{ended}")
+            return
+        label = "reminder" if event.kind == "remind" else m.severity
+        self.console.print(f"{at} [{style}]{label}[/] {run}: [bold]{m.rule}[/] "
+                           f"{escape(m.message)}")
+
+
+@dataclass
+class RunOutcome:
+    job_id: str
+    path: str
+    pid: int | None
+    state: str
+    exit_code: int | None
+    steps: float | None
+    start_time: float | None
+    end_time: float | None
+    findings: list[dict[str, Any]] = field(default_factory=list)  # every alarm raised
+    stopped_by: str | None = None  # the rule whose finding stopped the run
+    stop_reason: str | None = None
+    stopped_at: float | None = None
+    dry_run_stop: bool = False  # dry run: it would have been stopped
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class WatchResult:
+    started_at: float
+    ended_at: float
+    ticks: int
+    runs: list[RunOutcome]
+    audit: list[AuditRecord]
+    errors: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"started_at": self.started_at, "ended_at": self.ended_at, "ticks": self.ticks,
+                "runs": [r.to_dict() for r in self.runs],
+                "audit": [a.to_dict() for a in self.audit], "errors": self.errors}
+
+
+def _job_ids(paths: list[Path]) -> list[str]:
+    """File stems, made unique with the parent folder (or the whole path) where they clash."""
+    stems = [p.name.split(".")[0] for p in paths]
+    ids = [s if stems.count(s) == 1 else f"{p.parent.name}/{s}" for s, p in zip(stems, paths,
+                                                                                   strict=True)]
+    return [i if ids.count(i) == 1 else str(p) for i, p in zip(ids, paths, strict=True)]
+
+
+def _key(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def watch(runs: Sequence[str | Path], policy: Policy, state_path: str | Path, tick_s: float,
+          console: Console, until: float | None = None,
+          processes: Mapping[str | Path, int | subprocess.Popen[Any]] | None = None,
+          definitions: list[MetricDefinition] | None = None, fmt: str | None = None,
+          grace_s: float = GRACE_S, remind_every_s: float = REMIND_EVERY_S,
+          rules: list[Rule] | None = None,
+          clock: Callable[[], float] = time.time) -> WatchResult:
+    """Watch run files (and the processes writing them, keyed by run path) until every
+    process has exited, or for at most ``until`` seconds. With no processes and no
+    ``until`` it runs until interrupted. State and the audit log go to ``state_path``."""
+    if tick_s <= 0:
+        raise ValueError(f"tick_s must be positive, got {tick_s}")
+    paths = [Path(r) for r in runs]
+    procs = {_key(k): Process(v) for k, v in (processes or {}).items()}
+    unknown = set(procs) - {_key(p) for p in paths}
+    if unknown:
+        raise ValueError(f"processes given for files not watched: "
+                         f"{', '.join(sorted(map(str, unknown)))}")
+    local_runs = [LocalRun(p, i, procs.get(_key(p)), definitions, fmt)
+                  for p, i in zip(paths, _job_ids(paths), strict=True)]
+    source = LocalSource(local_runs, grace_s)
+    store = SQLiteStore(state_path)
+    started = clock()
+    sink = ConsoleSink(console, started)
+    audit: list[AuditRecord] = []
+    errors: list[str] = []
+    ticks = 0
+    mode = "dry run: stops are only audited" if policy.safety.dry_run else "stops enabled"
+    console.print(f"[bold]trainguard watch[/]: {len(paths)} run(s), "
+                  f"{len(source.processes)} process(es), tick {tick_s:g}s, policy "
+                  f"{escape(policy.name)} ({mode}); state in {escape(str(state_path))}")
+    try:
+        while True:
+            now = clock()
+            report = tick([source], policy, store, [sink], now, rules=rules,
+                          remind_every_s=remind_every_s)
+            ticks += 1
+            audit.extend(report.audit)
+            _print_report(console, report, started, errors, local_runs)
+            if source.processes and all(p.exited_at is not None for p in source.processes):
+                break
+            if until is not None and clock() - started >= until:
+                break
+            time.sleep(max(0.0, tick_s - (clock() - now)))
+    finally:
+        store.close()
+    return WatchResult(started, clock(), ticks, _outcomes(source, sink.events, audit),
+                       audit, errors)
+
+
+def _print_report(console: Console, report: TickReport, started: float, errors: list[str],
+                  runs: list[LocalRun]) -> None:
+    at = f"[dim]{report.time - started:6.1f}s[/]"
+    new = [f"source {k}: {v}" for k, v in report.source_errors.items()]
+    new += report.sink_errors + report.warnings
+    new += [r.read_error for r in runs if r.read_error and r.read_error not in errors]
+    for e in new:
+        if e not in errors:
+            errors.append(e)
+            console.print(f"{at} [red]error[/] {escape(e)}")
+    for a in report.audit:
+        text = escape(a.reason)
+        if a.action == AuditAction.STOP:
+            console.print(f"{at} [bold red]STOPPED[/] {escape(a.job_id)} (SIGTERM): {text}")
+        elif a.action == AuditAction.WOULD_STOP:
+            console.print(f"{at} [magenta]would stop[/] {escape(a.job_id)} (dry run): {text}")
+        elif a.action == AuditAction.STOP_FAILED:
+            console.print(f"{at} [red]stop failed[/] {escape(a.job_id)}: {text}")
+        else:
+            console.print(f"{at} [dim]not stopping {escape(a.job_id)}: {text}[/]")
+
+
+def _outcomes(source: LocalSource, events: list[AlarmEvent],
+              audit: list[AuditRecord]) -> list[RunOutcome]:
+    out = []
+    for run in source.runs:
+        job = run.job
+        proc = run.process
+        prog = progress(job) if job is not None else None
+        state = job.state.value if job is not None else "NOT STARTED"
+        if proc is not None:
+            probe = job or Job(id=run.job_id)
+            state = source._with_state(run, probe, time.time()).state.value
+        o = RunOutcome(
+            job_id=run.job_id, path=str(run.path), pid=proc.pid if proc else None, state=state,
+            exit_code=proc.exit_code if proc else None,
+            steps=float(prog.step[-1]) if prog is not None and len(prog) else None,
+            start_time=job.start_time if job else None,
+            end_time=proc.exited_at if proc else None,
+            findings=[{"rule": e.memory.rule, "severity": e.memory.severity,
+                       "message": e.memory.message, "time": e.time}
+                      for e in events if e.kind == "raise" and e.job is not None
+                      and e.job.id == run.job_id])
+        for a in audit:
+            if a.job_id == run.job_id and a.action in (AuditAction.STOP, AuditAction.WOULD_STOP):
+                o.stopped_by, o.stop_reason, o.stopped_at = a.rule, a.reason, a.time
+                o.dry_run_stop = a.action == AuditAction.WOULD_STOP
+                break
+        out.append(o)
+    return out

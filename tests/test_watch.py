@@ -1,0 +1,179 @@
+"""The local watchdog on real processes writing real files: findings appear as the file
+grows, SIGTERM (then SIGKILL) lands, and the SQLite state carries over a restart."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from checker.model import Action, Severity
+from checker.policy import Policy, RuleConfig, Safety
+from lambdas.local import watch
+from lambdas.sqlite_state import SQLiteStore
+from lambdas.state import AuditAction
+
+# A training loop in miniature: logs a falling loss with wall-clock times, then either
+# finishes, hangs (alive, silent) or hangs and ignores SIGTERM.
+WRITER = r"""
+import json, signal, sys, time
+out, steps, then = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if then == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(out, "a") as f:
+    for step in range(1, steps + 1):
+        f.write(json.dumps({"time": time.time(), "step": step, "loss": 3.0 / step}) + "\n")
+        f.flush()
+        time.sleep(0.05)
+if then in ("hang", "deaf"):
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def spawn(procs: list[subprocess.Popen[bytes]], out: Path, steps: int,
+          then: str) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(out), str(steps), then])
+    procs.append(p)
+    return p
+
+
+def stall_policy(persist: int = 2) -> Policy:
+    pol = Policy(name="test", safety=Safety(dry_run=False, persist_ticks=persist))
+    pol.rules["stall"] = RuleConfig(
+        params={"min_seconds": 1.0, "min_updates": 5, "unlearnt_seconds": 3.0},
+        actions={Severity.WARNING: Action.NOTIFY, Severity.CRITICAL: Action.STOP})
+    return pol
+
+
+def quiet() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=200, force_terminal=False), buf
+
+
+def test_hung_writer_is_found_live_and_sigterm_lands(tmp_path: Path,
+                                                     procs: list[subprocess.Popen[bytes]]) -> None:
+    run = tmp_path / "hung.jsonl"
+    p = spawn(procs, run, 30, "hang")
+    console, out = quiet()
+    t0 = time.time()
+    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.3, console, until=60,
+                   processes={run: p})
+    assert time.time() - t0 < 30  # ended because the process did, not by ``until``
+    assert p.returncode == -15  # SIGTERM
+    [outcome] = result.runs
+    assert outcome.stopped_by == "stall"
+    assert outcome.state == "STOPPED"
+    assert outcome.steps == 30  # the file was read as it grew
+    assert outcome.stopped_at is not None and outcome.start_time is not None
+    assert outcome.stopped_at - outcome.start_time >= 30 * 0.05 + 2.0  # critical after 2x 1 s
+    text = out.getvalue()
+    assert "stall" in text and "STOPPED" in text and "hung" in text
+    actions = [a.action for a in result.audit]
+    assert actions.count(AuditAction.STOP) == 1
+    assert actions.index(AuditAction.SKIP_PERSISTENCE) < actions.index(AuditAction.STOP)
+
+
+def test_healthy_writer_runs_to_the_end(tmp_path: Path,
+                                        procs: list[subprocess.Popen[bytes]]) -> None:
+    run = tmp_path / "fine.jsonl"
+    p = spawn(procs, run, 40, "exit")
+    console, _ = quiet()
+    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.2, console, until=60,
+                   processes={run: p})
+    [outcome] = result.runs
+    assert p.returncode == 0
+    assert outcome.state == "SUCCEEDED" and outcome.exit_code == 0
+    assert outcome.stopped_by is None and outcome.findings == []
+    assert outcome.steps == 40
+    assert result.ticks >= 3
+
+
+def test_sigkill_after_the_grace_period(tmp_path: Path,
+                                        procs: list[subprocess.Popen[bytes]]) -> None:
+    run = tmp_path / "deaf.jsonl"
+    p = spawn(procs, run, 20, "deaf")
+    console, _ = quiet()
+    result = watch([run], stall_policy(persist=1), tmp_path / "state.sqlite", 0.25, console,
+                   until=60, processes={run: p}, grace_s=1.0)
+    assert p.returncode == -9  # SIGTERM was ignored; SIGKILL after the grace period
+    assert result.runs[0].stopped_by == "stall"
+
+
+def write_nan_run(path: Path) -> None:
+    now = time.time()
+    with open(path, "w") as f:
+        for step in range(1, 31):
+            loss = 2.0 / step if step <= 27 else math.nan
+            f.write(json.dumps({"time": now - 31 + step, "step": step, "loss": loss}) + "\n")
+
+
+def test_state_survives_a_restart(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    run = tmp_path / "nan.jsonl"
+    write_nan_run(run)
+    state = tmp_path / "state.sqlite"
+    pol = Policy(name="test", safety=Safety(dry_run=False, persist_ticks=100))
+    pol.rules["divergence"] = RuleConfig(actions={Severity.CRITICAL: Action.STOP})
+    console, _ = quiet()
+    first = watch([run], pol, state, 0.2, console, until=0.5)  # no process: until ends it
+    assert [f["rule"] for f in first.runs[0].findings] == ["divergence"]
+    assert first.runs[0].stopped_by is None
+
+    store = SQLiteStore(state)
+    [memory] = store.load_all().values()
+    [seen] = memory.findings.values()
+    assert seen.consecutive == first.ticks
+    store.close()
+
+    # A new watchdog on the same state: one more tick makes the needed persistence, so
+    # the stop comes at once, and the alarm raised before is not raised again.
+    pol.safety.persist_ticks = first.ticks + 1
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    procs.append(sleeper)
+    second = watch([run], pol, state, 0.2, console, until=30, processes={run: sleeper})
+    assert sleeper.returncode == -15
+    assert second.runs[0].stopped_by == "divergence"
+    assert second.runs[0].findings == []  # no second "raise"
+    assert [a.action for a in second.audit] == [AuditAction.STOP]
+    store = SQLiteStore(state)
+    log = [a.action for a in store.audit_log()]
+    store.close()
+    assert log[-1] == AuditAction.STOP
+    assert log.count(AuditAction.SKIP_PERSISTENCE) == first.ticks
+
+
+def test_elapsed_clock_log_is_judged_on_the_wall_clock(tmp_path: Path) -> None:
+    """A log with only train_time (no timestamps) written just now is not a week-old stall."""
+    import os
+    import time as _time
+
+    from adapters.local import load_run
+    from lambdas.local import on_wall_clock
+
+    log = tmp_path / "run.log"
+    log.write_text("".join(f"step:{i}/100 train_loss:{3 - i / 100:.3f} train_time:{i * 500}ms "
+                           "step_avg:500ms\n" for i in range(1, 60)))
+    now = _time.time()
+    os.utime(log, (now, now))
+    job = on_wall_clock(load_run(log), log.stat().st_mtime)
+    assert job.clock == "wall"
+    last = job.last_time()
+    assert last is not None and abs(last - now) < 1.0
+    assert job.start_time is not None and abs((last - job.start_time) - 29.0) < 1e-6
