@@ -18,10 +18,13 @@ from trainguard.demo import run_demo
 
 
 @pytest.mark.slow
-def test_demo_stops_the_three_bad_runs_by_the_expected_rule(tmp_path: Path) -> None:
+def test_demo_stops_the_three_bad_runs_by_the_expected_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     buf = io.StringIO()
     console = Console(file=buf, width=200)
-    result = run_demo(tmp_path, console)
+    # A relative work folder, as `trainguard demo` gets by default.
+    monkeypatch.chdir(tmp_path)
+    result = run_demo(Path("demo-out"), console)
 
     runs = {r.name: r for r in result.runs}
     assert runs["healthy"].stopped_by is None

@@ -333,3 +333,15 @@ def test_a_rule_that_crashes_on_one_job_does_not_blind_the_others() -> None:
     loss[200:] = np.nan
     fs = evaluate([broken, run(loss, id="bad")], Policy(), T0 + 3000)
     assert any(f.job_id == "bad" and f.rule == "divergence" for f in fs)
+
+
+@pytest.mark.parametrize("where", [slice(-2, None), slice(-4, -1)])
+def test_a_spike_near_the_end_is_not_a_plateau_but_flat_stays_flat(where: slice) -> None:
+    x = np.linspace(0, 1, 60)
+    loss = 3.6 - 0.3 * x + np.random.default_rng(5).normal(0, 0.005, 60)
+    loss[where] *= 4  # a spike, in progress or just recovered: the divergence rule's business
+    assert only(at_end(run(loss)), "plateau") == []
+    flat = 11.7 + np.random.default_rng(6).normal(0, 0.005, 60)
+    flat[-1] *= 4
+    (f,) = only(at_end(run(flat)), "plateau")
+    assert f.evidence["points"] == 29  # the spike was set aside, the flat rest judged

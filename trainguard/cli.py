@@ -385,11 +385,22 @@ def demo(workdir: Annotated[Path, typer.Option(
     except ImportError as e:  # the demo extra is not installed
         fail(f"the demo needs the 'demo' extra (pip install 'trainguard[demo]'): {e}")
     console = err if format is OutputFormat.json else out  # JSON alone on stdout
-    result = run_demo(workdir, console, seed=seed)
+    from trainguard.demo.run import DemoError
+
+    try:
+        result = run_demo(workdir, console, seed=seed)
+    except DemoError as e:
+        fail(str(e))
     if format is OutputFormat.json:
         typer.echo(report.dumps(result.to_dict()))
     else:
         out.print(result.table())
+
+
+# The detection benchmark lives with its harness; registering it here keeps one CLI.
+from trainguard.bench.command import bench  # noqa: E402
+
+app.command("bench")(bench)
 
 
 def main() -> None:  # pragma: no cover - the console script

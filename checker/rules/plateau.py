@@ -61,6 +61,13 @@ class Plateau(Rule):
             # Improvement relative to the level needs a floor at zero; a metric that went
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
             return []
+        # Spikes (points far on the bad side of the window) are the divergence rule's
+        # business, recovered or not: judge the points around them.
+        sigma = 1.4826 * median(np.abs(np.diff(v))) / np.sqrt(2)
+        centre = median(v)
+        v = v[sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)]
+        if len(v) < p.min_points:
+            return []
         k = max(len(v) // 3, 2)
         head, tail = v[:k], v[-k:]
         level = abs(median(v))
@@ -69,7 +76,6 @@ class Plateau(Rule):
         improvement = sign * (median(head) - median(tail))
         # Noise from first differences (robust to the trend itself): a median of k
         # points has a standard error of about 1.25 sigma / sqrt(k).
-        sigma = 1.4826 * median(np.abs(np.diff(v))) / np.sqrt(2)
         se = 1.25 * sigma * np.sqrt(2.0 / k)
         limit = p.min_rel_improvement * level
         if improvement + p.z * se >= limit:

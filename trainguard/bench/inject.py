@@ -155,8 +155,10 @@ def divergence(job: Job, rng: np.random.Generator) -> Injected:
     growth = float(rng.uniform(1.5, 3.0))
     n_grow = int(rng.integers(3, 9))  # 3..8 growing points before NaN
     i0 = int(np.searchsorted(steps, steps[0] + frac * (steps[-1] - steps[0])))
-    i0 = min(i0, len(steps) - 2)
-    n_grow = min(n_grow, len(steps) - 1 - i0)  # keep at least one NaN point in the run
+    # A diverged job goes on logging NaN: keep at least two NaN points in the run, as a
+    # live watchdog would see the next logging interval after the first one.
+    i0 = min(i0, len(steps) - 3)
+    n_grow = max(1, min(n_grow, len(steps) - 2 - i0))
     k, nan_step = float(steps[i0]), float(steps[i0 + n_grow])
     cadence = float(np.median(np.diff(steps)))
 

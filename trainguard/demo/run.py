@@ -5,6 +5,7 @@ watchdog, which stops the three bad ones; then what each run cost and what stopp
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,7 +151,8 @@ def run_demo(workdir: str | Path, console: Console, seed: int = 0, steps: int = 
     """Start the four runs, watch them under the demo policy until all have ended, and
     return what happened. The run logs, the processes' output and the watchdog's SQLite
     state are left in ``workdir``."""
-    work = Path(workdir)
+    # Absolute: the trainings run with the work folder as their current directory.
+    work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     state = work / "state.sqlite"
     for old in [state, work / "state.sqlite-wal", work / "state.sqlite-shm",
@@ -176,6 +178,14 @@ def run_demo(workdir: str | Path, console: Console, seed: int = 0, steps: int = 
                         processes={work / f"{name}.jsonl": p for name, p in procs.items()})
     finally:
         _end(procs)
+    crashed = [n for n, p in procs.items() if p.returncode not in (0, None, -signal.SIGTERM,
+                                                                   -signal.SIGKILL)
+               and not (work / f"{n}.jsonl").exists()]
+    if crashed:
+        tails = "\n".join(f"--- {n}: {work / f'{n}.out'}\n"
+                          + "\n".join((work / f"{n}.out").read_text(errors="replace")
+                                      .splitlines()[-5:]) for n in crashed)
+        raise DemoError(f"{len(crashed)} training(s) crashed before writing a record:\n{tails}")
     result = DemoResult(
         workdir=str(work), instance_type=price.instance_type, usd_per_hour=price.usd_per_hour,
         price_region=price.region, price_source=price.source,
@@ -212,6 +222,10 @@ def run_demo(workdir: str | Path, console: Console, seed: int = 0, steps: int = 
             ran_s=ran, steps=o.steps, planned_steps=steps, exit_code=o.exit_code,
             cost_usd=cost, unwatched_cost_usd=unwatched, saved_usd=max(unwatched - cost, 0.0)))
     return result
+
+
+class DemoError(RuntimeError):
+    """A training of the demo could not run: the demo says so instead of pricing nothing."""
 
 
 def _usd(price: Price, demo_seconds: float) -> float:

@@ -1,0 +1,193 @@
+"""A labels file: which runs to replay and what a detector should conclude about each.
+
+The format is that of ``../shared/data/curves/labels.csv`` (its SOURCES.md): a CSV
+with a header and one row per run. Only ``run`` and ``label`` are required; the
+other columns may be absent or empty.
+
+``run``           the run's path, relative to the labels file's folder
+``source``        where it came from (free text)
+``format``        a reader name (``text``, ``csv``, ``jsonl``...); empty: detected
+``label``         ``healthy``, ``diverged``, ``flat`` or ``stalled``
+``onset_step``    the first step where the failure shows (>= 0)
+``planned_steps``, ``last_step``  the run's planned and last logged step (integers >= 0)
+``target_metric`` the metric that says whether the run succeeded (anchors watch it)
+``target_value``, ``final_value``  numbers
+``reached``       ``true`` or ``false``
+
+Every problem is reported as ``FILE:LINE: column: reason``, all at once.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+#: What a detector should conclude; the bad ones name the trainguard rule that finds them.
+LABELS = ("healthy", "diverged", "flat", "stalled")
+REQUIRED = ("run", "label")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Labelled:
+    run: str  # as written in the file
+    path: Path  # resolved against the labels file's folder
+    line: int
+    label: str
+    format: str | None = None
+    source: str = ""
+    onset_step: float | None = None
+    planned_steps: int | None = None
+    last_step: int | None = None
+    target_metric: str | None = None
+    target_value: float | None = None
+    final_value: float | None = None
+    reached: bool | None = None
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """Runs of one experiment (Katib's "other trials"): same folder, metric and target."""
+        return (Path(self.run).parent.as_posix(), self.target_metric or "",
+                "" if self.target_value is None else repr(self.target_value))
+
+
+class LabelsError(Exception):
+    """Everything wrong with one labels file, one ``FILE:LINE: column: reason`` per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def _whole(text: str) -> int:
+    value = _number(text)
+    if value != int(value):
+        raise ValueError("must be a whole number")
+    return int(value)
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "yes", "1"):
+        return True
+    if low in ("false", "no", "0"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _known_formats() -> list[str]:
+    from adapters.local import FORMATS
+
+    return sorted(FORMATS)
+
+
+def read_labels(path: str | Path, check_files: bool = True) -> list[Labelled]:
+    """Every row of the labels file at ``path``; ``LabelsError`` naming each bad row."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise LabelsError([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise LabelsError([f"{path}: is a folder, not a labels CSV"]) from None
+    except UnicodeDecodeError as e:
+        raise LabelsError([f"{path}: not a text file ({e.reason})"]) from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in reader.fieldnames or []]
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise LabelsError([f"{path}:1: header: missing column(s) {', '.join(missing)} "
+                           f"(have: {', '.join(header) or 'none'})"])
+    formats = _known_formats()
+    problems: list[str] = []
+    rows: list[Labelled] = []
+    seen: dict[str, int] = {}
+    for raw in reader:
+        row = _Row(path, reader.line_num, raw, len(header))
+        item = row.parse(formats, seen, check_files)
+        problems += row.problems
+        if item is not None:
+            rows.append(item)
+    if problems:
+        raise LabelsError(problems)
+    if not rows:
+        raise LabelsError([f"{path}: no runs listed"])
+    return rows
+
+
+class _Row:
+    """One data row being read: its cells and what is wrong with them."""
+
+    def __init__(self, path: Path, line: int, raw: dict[str | None, Any], width: int) -> None:
+        self.path, self.line, self.width = path, line, width
+        self.extra = raw.get(None)  # cells beyond the header's columns
+        self.cells = {(k or "").strip(): v.strip() if isinstance(v, str) else ""
+                      for k, v in raw.items() if k is not None}
+        self.problems: list[str] = []
+
+    def problem(self, column: str, reason: str) -> None:
+        self.problems.append(f"{self.path}:{self.line}: {column}: {reason}")
+
+    def get(self, column: str) -> str:
+        return self.cells.get(column, "")
+
+    def cell(self, column: str, parse: Callable[[str], T]) -> T | None:
+        text = self.get(column)
+        if not text:
+            return None
+        try:
+            return parse(text)
+        except ValueError as e:
+            reason = "not a number" if str(e).startswith("could not convert") else str(e)
+            self.problem(column, f"{text!r}: {reason}")
+            return None
+
+    def parse(self, formats: list[str], seen: dict[str, int],
+              check_files: bool) -> Labelled | None:
+        if self.extra:
+            self.problem("row", f"{self.width + len(self.extra)} cells, "
+                         f"the header has {self.width}")
+        folder = self.path.parent
+        run, label = self.get("run"), self.get("label")
+        if not run:
+            self.problem("run", "empty")
+        elif run in seen:
+            self.problem("run", f"{run!r} is listed twice (first on line {seen[run]})")
+        else:
+            seen[run] = self.line
+            if check_files and not (folder / run).exists():
+                self.problem("run", f"no such file or folder {run!r} under {folder}")
+        if label not in LABELS:
+            self.problem("label", f"{label!r} is not one of {', '.join(LABELS)}")
+        fmt = self.get("format") or None
+        if fmt is not None and fmt not in formats:
+            self.problem("format", f"{fmt!r} is not a known format ({', '.join(formats)})")
+        item = Labelled(
+            run=run, path=folder / run, line=self.line, label=label, format=fmt,
+            source=self.get("source"), target_metric=self.get("target_metric") or None,
+            onset_step=self.cell("onset_step", _number),
+            planned_steps=self.cell("planned_steps", _whole),
+            last_step=self.cell("last_step", _whole),
+            target_value=self.cell("target_value", _finite),
+            final_value=self.cell("final_value", _finite),
+            reached=self.cell("reached", _bool),
+        )
+        return None if self.problems else item
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value

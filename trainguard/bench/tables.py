@@ -1,0 +1,155 @@
+"""The benchmark's output: rich tables for people, JSON for machines.
+
+The tables are, in order: the head-to-head of each trainguard rule against the tools
+that compete with it, the issue's bar, and every detector on every label group (rows
+for a detector only where its numbers mean something: its own failure label and the
+healthy groups; the JSON has them all).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trainguard.bench.harness import JUDGES, Bench, Row, as_dict, tg_kind
+
+
+def _n(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "—"
+    if abs(x) >= 100 or float(x).is_integer():
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _money(x: float | None) -> str:
+    return "—" if x is None else f"${x:,.0f}"
+
+
+def _delay(steps: float | None, minutes: float | None) -> str:
+    if steps is None and minutes is None:
+        return "—"
+    parts = [f"{_n(steps)} st" if steps is not None else "", f"{_n(minutes)} min"
+             if minutes is not None else ""]
+    return " / ".join(p for p in parts if p)
+
+
+def _count(n: int, of: int) -> str:
+    return f"{n}/{of} ({100 * n / of:.0f}%)" if of else "—"
+
+
+def header(bench: Bench) -> list[str]:
+    s = bench.settings
+    injected = sum(1 for c in bench.cases if c.injected)
+    lines = [
+        f"trainguard bench: {bench.labels}: {bench.runs} runs, {len(bench.cases)} cases"
+        + (f" ({injected} injected, seed {s.seed})" if s.inject else "")
+        + f"; policy {bench.policy}; replay tick {s.tick:g} s (every {s.step_tick:g} step on "
+          "runs without a time axis), detections timed to the record between ticks",
+        f"price: ${s.price.usd_per_hour:,.2f}/h for {s.price.gpus} GPUs per run ({s.price.source})",
+        f"savings: diverged and flat runs from detection to their last record; stalled runs "
+        f"from detection to the job's max runtime, assumed SageMaker's default "
+        f"MaxRuntimeInSeconds {s.max_runtime_s:,.0f} s counted from the stall's onset; a false "
+        "alarm throws away what the run had spent so far",
+    ]
+    if bench.skipped:
+        lines.append(f"not injected: {len(bench.skipped)} faults on runs too short to carry "
+                     "them (fewer than 10 logged loss points)")
+    return lines
+
+
+def head_table(bench: Bench) -> Table:
+    t = Table(title="Head to head: each rule against today's tools", title_justify="left")
+    for col in ("rule (label)", "detector", "recall", "false alarms", "median delay", "max delay",
+                "saved GPU-h", "saved", "thrown away", "vs trainguard"):
+        t.add_column(col, overflow="fold")
+    kinds = list(JUDGES)
+    for h in bench.heads:
+        is_tg = tg_kind(h.detector) is not None
+        last = [x for x in bench.heads if x.kind == h.kind][-1] is h
+        t.add_row(
+            f"{h.kind} ({JUDGES[h.kind].label})" if is_tg else "",
+            f"[bold]{h.detector}[/]" if is_tg else h.detector,
+            _count(h.bad.flagged, h.bad.runs),
+            _count(h.healthy.flagged, h.healthy.runs),
+            _delay(h.bad.delay_steps_median, h.bad.delay_min_median),
+            _delay(h.bad.delay_steps_max, h.bad.delay_min_max),
+            _n(h.bad.saved_gpu_hours), _money(h.bad.saved_usd), _money(h.healthy.lost_usd),
+            h.verdict, end_section=last and h.kind != kinds[-1],
+        )
+    return t
+
+
+def bar_table(bench: Bench) -> Table:
+    t = Table(title="The bar (issue 3)", title_justify="left")
+    for col in ("", "check", "result", "runs that broke it"):
+        t.add_column(col, overflow="fold")
+    for c in bench.checks:
+        mark = ("[green]✓[/]" if c.passed else "[yellow]=[/]" if c.passed is None
+                else "[red]✗[/]")
+        shown = ", ".join(c.detail[:3]) + (f" and {len(c.detail) - 3} more"
+                                             if len(c.detail) > 3 else "")
+        t.add_row(mark, c.what, c.result, shown)
+    return t
+
+
+def _shown(row: Row) -> bool:
+    """A detector's row on its own failure label and on the healthy groups."""
+    return row.label in ("healthy", JUDGES[row.kind].label)
+
+
+def detail_table(bench: Bench) -> Table:
+    t = Table(title="Every detector per label", title_justify="left")
+    for col in ("detector", "label", "runs", "flagged", "warn+ / crit", "median delay",
+                "max delay", "saved GPU-h", "saved", "thrown away"):
+        t.add_column(col, overflow="fold")
+    rows = [r for r in bench.rows if _shown(r)]
+    for i, r in enumerate(rows):
+        levels = f"{r.warned} / {r.critical}" if r.warned is not None else ""
+        t.add_row(r.detector, r.group, str(r.runs), _count(r.flagged, r.runs), levels,
+                  _delay(r.delay_steps_median, r.delay_min_median),
+                  _delay(r.delay_steps_max, r.delay_min_max),
+                  _n(r.saved_gpu_hours), _money(r.saved_usd), _money(r.lost_usd),
+                  end_section=i + 1 < len(rows) and rows[i + 1].detector != r.detector)
+    return t
+
+
+def print_tables(console: Console, bench: Bench) -> None:
+    for line in header(bench):
+        console.print(line, highlight=False)
+    console.print()
+    console.print(head_table(bench))
+    console.print(bar_table(bench))
+    console.print(detail_table(bench))
+    console.print(f"{len(bench.cases)} cases in {bench.elapsed_s:.1f} s", highlight=False)
+
+
+def to_json(bench: Bench) -> dict[str, Any]:
+    s = bench.settings
+    return {
+        "labels": bench.labels,
+        "policy": bench.policy,
+        "runs": bench.runs,
+        "cases": len(bench.cases),
+        "settings": {"tick_s": s.tick, "step_tick": s.step_tick, "inject": s.inject,
+                     "seed": s.seed, "resolution_s": s.resolution_s},
+        "price": as_dict(s.price),
+        "assumptions": {"max_runtime_s": s.max_runtime_s, "notes": header(bench)[1:]},
+        "head_to_head": [
+            {"detector": h.detector, "rule": h.kind, "label": JUDGES[h.kind].label,
+             "recall": h.bad.rate, "false_alarm_rate": h.healthy.rate,
+             "bad": as_dict(h.bad), "healthy": as_dict(h.healthy), "verdict": h.verdict}
+            for h in bench.heads],
+        "bar": as_dict(bench.checks),
+        "rows": [{**as_dict(r), "rate": r.rate} for r in bench.rows],
+        "skipped_injections": bench.skipped,
+        "runs_detail": as_dict(bench.cases),
+        "elapsed_s": bench.elapsed_s,
+    }
+
+
+def dumps(bench: Bench) -> str:
+    return json.dumps(to_json(bench), indent=1, allow_nan=False)
