@@ -70,7 +70,9 @@ class Prior:
     x_min: float = 0.02  # earlier points (step 0, the first steps) follow no shape
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+        # Plain Python floats: the dict goes into YAML policy files.
+        return {k: [float(x) for x in v] if isinstance(v, tuple) else float(v)
+                for k, v in self.__dict__.items()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Prior:

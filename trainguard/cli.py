@@ -402,6 +402,13 @@ from trainguard.bench.command import bench  # noqa: E402
 
 app.command("bench")(bench)
 
+prior_app = typer.Typer(help="Recipe priors for the target rule's forecast.",
+                        no_args_is_help=True)
+app.add_typer(prior_app, name="prior")
+from trainguard.prior_cmd import prior_learn  # noqa: E402
+
+prior_app.command("learn")(prior_learn)
+
 
 def main() -> None:  # pragma: no cover - the console script
     app()
