@@ -73,7 +73,7 @@ class Stall(Rule):
             times = np.array([last])
             last_step = float("nan")
         last = float(times[-1])
-        silence = ctx.now - last
+        silence = float(ctx.now - last)
         thr, learnt = self.threshold(times)
         if silence <= thr:
             return []
