@@ -281,3 +281,12 @@ def test_watch_rejects_a_pid_for_a_file_it_does_not_watch(tmp_path: Path) -> Non
     result = _run("watch", _csv(tmp_path / "a.csv"), "--pid", f"{tmp_path / 'other.log'}=1",
                   "--until", "0", "--state", tmp_path / "state.sqlite")
     _assert_clean_error(result, "other.log")
+
+
+def test_a_folder_check_skips_csv_files_that_are_not_training_logs(tmp_path: Path) -> None:
+    """A labels file or results table beside the runs is not taken for a run."""
+    (tmp_path / "labels.csv").write_text("run,label\nrun1.csv,healthy\n")
+    (tmp_path / "run1.csv").write_text("step,loss\n0,2.0\n1,1.9\n")
+    res = CliRunner().invoke(app, ["check", str(tmp_path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert [r["id"] for r in json.loads(res.stdout)["runs"]] == ["run1"]

@@ -29,8 +29,17 @@ class CsvReader(Reader):
         if not path.is_file():
             return False
         first = head(path, 2048).partition("\n")[0].strip().lower()
-        names = [c.strip() for c in first.split(",")]
+        sep = "\t" if plain_name(path).endswith(".tsv") else ","
+        names = [c.strip() for c in first.split(sep)]
         return len(names) >= 2 and any(role(n) in ("step", "epoch") for n in names)
+
+    def sniff(self, path: str | Path) -> bool:
+        """When a folder is searched, a CSV counts as a run only if it has a step or epoch
+        column: a labels file or a results table beside the runs is not one."""
+        p = Path(path)
+        if p.is_dir():
+            return (p / "metrics.csv").is_file()
+        return self.matches_content(p)
 
     def default_id(self, path: Path) -> str:
         # Lightning: lightning_logs/version_3/metrics.csv is run "version_3"
