@@ -205,3 +205,26 @@ def test_injected_faults_on_real_runs(curves_dir: Path) -> None:
         div = inject(job, "divergence", seed=11)
         fire = exploding.first_fire(div.job, "val_loss")
         assert fire is not None and fire.step == div.extra["first_nan_step"], path.name
+
+
+def test_nanblip_is_one_nonfinite_point_then_the_original_curve() -> None:
+    """A lone overflow the loss scaler skipped: healthy, one bad value, the rest intact."""
+    from trainguard.bench.inject import inject
+
+    job = _job_for_nanblip()
+    out = inject(job, "nanblip", seed=3)
+    assert out.label == "healthy" and out.kind == "nanblip"
+    before, after = job.series["loss"].value, out.job.series["loss"].value
+    bad = ~np.isfinite(after)
+    assert bad.sum() == 1
+    assert np.array_equal(before[~bad], after[~bad])
+    assert inject(job, "nanblip", seed=3).job.series["loss"].value.tobytes() == after.tobytes()
+
+
+def _job_for_nanblip() -> Job:
+    n = 60
+    t = 1_750_000_000.0 + np.arange(n) * 10.0
+    step = np.arange(n, dtype=float) * 10
+    loss = 2 + 8 * np.exp(-step / 150)
+    return Job(id="r", start_time=float(t[0]), series={
+        "loss": Series("loss", t, step, loss), "step": Series("step", t.copy(), step, step)})

@@ -49,15 +49,17 @@ class Plateau(Rule):
         s = job.series.get(p.metric) if p.metric else primary(job, ctx.policy)
         if s is None or len(s) < p.min_points:
             return []
-        ok = np.isfinite(s.value)
-        if not ok.all():
-            return []  # non-finite values are the divergence rule's business
+        if not np.isfinite(s.value[-1]):
+            return []  # the divergence rule is on it
         win = self._window(job, s)
         if win is None:
             return []
         lo, v = win
+        v = v[np.isfinite(v)]  # a lone NaN that recovered is the divergence rule's business
+        if len(v) < p.min_points:
+            return []
         sign = 1.0 if p.mode == "min" else -1.0
-        if s.value.min() < 0:
+        if np.nanmin(s.value) < 0:
             # Improvement relative to the level needs a floor at zero; a metric that went
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
             return []

@@ -684,7 +684,9 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
                          f"{len(judged) - len(late)}/{len(judged)}{aside}",
                          not late and not unconfirmed, _ids(late + unconfirmed)))
     for group, what in (("healthy", "no critical divergence on a healthy run"),
-                        ("injected:spike", "no critical divergence on a spike that recovers")):
+                        ("injected:spike", "no critical divergence on a spike that recovers"),
+                        ("injected:nanblip",
+                         "no critical divergence on a lone non-finite value that recovers")):
         members = [c for c in cases if c.group == group]
         if members:
             bad = [c for c in members if tg(c, "divergence", "critical") is not None]

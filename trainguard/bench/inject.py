@@ -206,11 +206,34 @@ def spike(job: Job, rng: np.random.Generator) -> Injected:
                     {"factor": factor, "last_step": last, "width": float(width)})
 
 
+def nanblip(job: Job, rng: np.random.Generator) -> Injected:
+    """One logged loss turns NaN or inf and the next is back on the original curve: a
+    mixed-precision overflow that the loss scaler skipped. Healthy: must not stop the run."""
+    ref = _reference(job, "nanblip")
+    steps = _ref_steps(ref)
+    frac = float(rng.uniform(0.2, 0.8))
+    bad = float(rng.choice([np.nan, np.inf]))
+    i0 = min(int(np.searchsorted(steps, steps[0] + frac * (steps[-1] - steps[0]))),
+             len(steps) - 2)  # the curve comes back on the next point
+    at = float(steps[i0])
+
+    def change(s: Series) -> FloatArray:
+        v = s.value.copy()
+        v[s.step == at] = bad
+        return v
+
+    blipped = _renamed(job, "nanblip", series=_with_losses(job, change))
+    return Injected(blipped, "nanblip", "healthy", at, _time_at_step(job, ref, at),
+                    f"losses are {bad} at step {at:g} only (a skipped overflow); the next "
+                    "point is back on the original curve", {"value": bad})
+
+
 INJECTORS: dict[str, Injector] = {
     "stall": stall,
     "pause": pause,
     "divergence": divergence,
     "spike": spike,
+    "nanblip": nanblip,
 }
 
 
