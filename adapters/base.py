@@ -38,6 +38,8 @@ class Adapter(ABC):
     provider: ClassVar[str]
     #: The provider's own status words, mapped; anything else is UNKNOWN with the raw kept.
     STATES: ClassVar[dict[str, JobState]] = {}
+    #: False for read-only sources (Prometheus): their ``stop`` raises AdapterError.
+    can_stop: ClassVar[bool] = True
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.provider

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Real servers (Prometheus, ...) started on loopback, shared by the tests that need them.
+pytest_plugins = ["tests.servers"]
+
 ROOT = Path(__file__).resolve().parent.parent
 CURVES = Path(os.environ.get("TRAINGUARD_CURVES", ROOT.parent / "shared" / "data" / "curves"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adapters.base import AdapterError
 from checker.model import JobState
 from tests.contract import ContractCase, load_cases
 
@@ -55,5 +56,11 @@ def test_malformed_job_is_skipped_and_reported(contract: ContractCase) -> None:
 def test_stops_the_job_it_is_asked_to(contract: ContractCase) -> None:
     jobs = {j.id: j for j in contract.adapter.list_jobs(contract.now)}
     target = jobs[contract.with_metrics]
+    if not contract.adapter.can_stop:
+        # A read-only source says so clearly and stops nothing.
+        with pytest.raises(AdapterError, match=r"\S"):
+            contract.adapter.stop(target, "contract test")
+        assert contract.stops() == []
+        return
     contract.adapter.stop(target, "contract test")
     assert contract.stops() == [contract.with_metrics]

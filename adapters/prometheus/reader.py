@@ -1,0 +1,157 @@
+"""One job's series, state and facts read from Prometheus through a ``Mapping``.
+
+A range query evaluates its expression on a grid of times, so a sample is repeated at
+every grid point until a newer one arrives (or it goes stale). Each series is therefore
+read together with ``timestamp()`` of the same expression, which gives the time the
+sample was written, and repeats of one sample are dropped: a series read back holds
+the samples the job wrote, at the times it wrote them (for an aggregate such as the
+average over GPUs, the grid times).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adapters.prometheus.client import PromClient, RawSeries, step_for
+from adapters.prometheus.mapping import Mapping
+from checker.model import Series
+
+_FIELD = "tg_field"  # the label that tells a value series from its timestamp series
+
+
+class AmbiguousSeries(ValueError):
+    """A query that should give one series for a job gave several."""
+
+
+@dataclass
+class Reading:
+    """What Prometheus holds about one job between ``start`` and ``end``."""
+
+    series: dict[str, Series]
+    labels: dict[str, str] = field(default_factory=dict)  # of its step series, if any
+    state: str | None = None  # the state label's value, when the mapping has a state
+    start_time: float | None = None
+    gpus: int | None = None
+
+    def last_time(self) -> float | None:
+        times = [s.last_time for s in self.series.values() if len(s)]
+        present = [t for t in times if t is not None]
+        return max(present) if present else None
+
+
+class Metrics:
+    """Reads jobs' series from one Prometheus server; the Kubeflow adapter uses it too."""
+
+    def __init__(self, client: PromClient, mapping: Mapping | None = None) -> None:
+        self.client = client
+        self.mapping = mapping or Mapping()
+
+    def job_ids(self, at: float | None = None) -> list[str]:
+        """The ids the discovery query names at ``at``: the jobs reporting then."""
+        ids = {r.labels.get(self.mapping.id_label, "")
+               for r in self.client.query(self.mapping.discover, at)}
+        ids.discard("")  # a result without the id label names no job
+        return sorted(ids)
+
+    def series_for(self, job_id: str, start: float, end: float) -> dict[str, Series]:
+        """Every mapped series the job has points for between ``start`` and ``end``."""
+        return self.read(job_id, start, end).series
+
+    def read(self, job_id: str, start: float, end: float) -> Reading:
+        step = step_for(start, end, self.mapping.min_step)
+        raw: dict[str, tuple[dict[str, str], np.ndarray, np.ndarray]] = {}
+        for name in self.mapping.series:
+            found = self._samples(name, job_id, start, end, step)
+            if found is not None:
+                raw[name] = found
+        steps = raw.get("step")
+        series = {name: Series(name, t, _steps_at(t, steps, name), v)
+                  for name, (_, t, v) in raw.items()}
+        reading = Reading(series, labels=steps[0] if steps else {})
+        m = self.mapping
+        if m.state:
+            reading.state = self._state(job_id, start, end, step)
+        if m.start_time:
+            value = self._scalar(m.expr(m.start_time, job_id), end, "start_time", job_id)
+            reading.start_time = value
+        if reading.start_time is None and series:
+            reading.start_time = min(float(s.time[0]) for s in series.values() if len(s))
+        if m.gpus:
+            gpus = self._scalar(m.expr(m.gpus, job_id), end, "gpus", job_id)
+            reading.gpus = int(gpus) if gpus is not None and gpus == gpus else None
+        return reading
+
+    def _samples(self, name: str, job_id: str, start: float, end: float,
+                 step: float) -> tuple[dict[str, str], np.ndarray, np.ndarray] | None:
+        expr = self.mapping.series_expr(name, job_id)
+        # One request gives both the values and the times they were written.
+        both = (f'label_replace({expr}, "{_FIELD}", "value", "", "") or '
+                f'label_replace(timestamp({expr}), "{_FIELD}", "time", "", "")')
+        result = self.client.query_range(both, start, end, step)
+        if not result:
+            return None
+        groups: dict[tuple[tuple[str, str], ...], dict[str, RawSeries]] = {}
+        for r in result:
+            key = tuple(sorted((k, v) for k, v in r.labels.items()
+                               if k not in (_FIELD, "__name__")))
+            groups.setdefault(key, {})[r.labels.get(_FIELD, "")] = r
+        if len(groups) > 1:
+            shown = "; ".join("{" + ", ".join(f"{k}={v!r}" for k, v in key) + "}"
+                              for key in list(groups)[:3])
+            raise AmbiguousSeries(
+                f"series {name!r} of job {job_id!r}: the query {expr} gives {len(groups)} "
+                f"series ({shown}), not one; narrow the mapping's selector or aggregate "
+                "it (e.g. avg(...))")
+        (key, pair), = groups.items()
+        values, times = pair.get("value"), pair.get("time")
+        if values is None or times is None:
+            raise ValueError(f"series {name!r} of job {job_id!r}: Prometheus returned "
+                             "values without their timestamps")
+        written = dict(times.points)  # grid time -> time the sample was written
+        t: list[float] = []
+        v: list[float] = []
+        for grid, value in values.points:
+            when = written.get(grid, grid)
+            if t and when <= t[-1]:
+                continue  # the same sample again, or an older one seen through staleness
+            t.append(when)
+            v.append(value)
+        labels = {k: val for k, val in values.labels.items() if k not in (_FIELD, "__name__")}
+        return labels, np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64)
+
+    def _state(self, job_id: str, start: float, end: float, step: float) -> str | None:
+        m = self.mapping
+        assert m.state is not None
+        result = self.client.query_range(m.expr(m.state, job_id), start, end, step)
+        latest = [(r.points[-1][0], r) for r in result if r.points]
+        if not latest:
+            return None
+        _, newest = max(latest, key=lambda p: p[0])
+        state = newest.labels.get(m.state_label)
+        if not state:
+            raise ValueError(f"job {job_id!r}: the state query {m.state} gives a series "
+                             f"without the {m.state_label!r} label: {newest.labels}")
+        return state
+
+    def _scalar(self, expr: str, at: float, what: str, job_id: str) -> float | None:
+        result = self.client.query(expr, at)
+        if not result:
+            return None
+        if len(result) > 1:
+            raise AmbiguousSeries(f"{what} of job {job_id!r}: the query {expr} gives "
+                                  f"{len(result)} series, not one")
+        return result[0].points[-1][1]
+
+
+def _steps_at(times: np.ndarray, steps: tuple[dict[str, str], np.ndarray, np.ndarray] | None,
+              name: str) -> np.ndarray:
+    """The training step in force at each time: the last step written at or before it."""
+    if name == "step" and steps is not None:
+        return steps[2]
+    if steps is None or not len(steps[1]):
+        return np.full(len(times), np.nan)
+    i = np.searchsorted(steps[1], times, side="right") - 1
+    out = np.where(i >= 0, steps[2][np.clip(i, 0, None)], np.nan)
+    return np.asarray(out, dtype=np.float64)
