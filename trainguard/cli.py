@@ -12,6 +12,7 @@ import enum
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -154,6 +155,35 @@ def _apply_overrides(job: Job, price: float | None, gpus: int | None) -> None:
         job.gpus_per_instance = gpus
 
 
+def cloud_jobs(source: str, opts: list[str], refs: list[str], now: float) -> list[Job]:
+    """The running jobs of a provider (or the named ones), with each job the adapter could
+    not read reported on stderr."""
+    from adapters.base import AdapterError
+    from adapters.sources import SOURCES as PROVIDERS
+    from adapters.sources import build
+
+    if source not in PROVIDERS:
+        fail(f"--source {source!r}: unknown source (known: local, "
+             f"{', '.join(sorted(PROVIDERS))})")
+    pairs = {}
+    for o in opts:
+        key, eq, value = o.partition("=")
+        if not eq or not key:
+            fail(f"--opt {o!r}: expected KEY=VALUE")
+        pairs[key.strip()] = value.strip()
+    try:
+        adapter = build(source, pairs)
+        if refs:
+            jobs = [j for r in refs if (j := adapter.get_job(r, now)) is not None]
+        else:
+            jobs = adapter.list_jobs(now)
+    except (AdapterError, ValueError, KeyError) as e:
+        fail(f"--source {source}: {e}")
+    for problem in adapter.errors:
+        err.print(f"[yellow]trainguard: warning:[/] {source}: {problem.ref}: {problem.reason}")
+    return jobs
+
+
 def load_runs(paths: list[Path], source: str, metrics: list[str] | None,
               price: float | None, gpus: int | None) -> Iterator[Run]:
     """Every run under ``paths``, loaded one by one (with a progress bar when many)."""
@@ -184,6 +214,16 @@ def _plot_path(base: Path, run: Run, many: bool) -> Path:
 
 # --- shared options ---------------------------------------------------------------------------
 
+OptionalPathsArg = Annotated[list[Path] | None, typer.Argument(
+    help="Run files or folders (local); job names or ids to judge (a provider --source; "
+         "none: every running job).", show_default=False)]
+OptOpt = Annotated[list[str] | None, typer.Option(
+    "--opt", metavar="KEY=VALUE",
+    help="An option of the provider --source (repeatable), e.g. region=us-east-1; "
+         "see docs/permissions-<source>.md and the adapter's from_options.")]
+NowOpt = Annotated[float | None, typer.Option(
+    "--now", metavar="EPOCH_SECONDS",
+    help="Judge as of this time instead of now (providers) or the last record (files).")]
 PathsArg = Annotated[list[Path], typer.Argument(
     help="Run files, or folders searched recursively for files a reader recognises.")]
 PolicyOpt = Annotated[Path | None, typer.Option(
@@ -206,17 +246,29 @@ GpusOpt = Annotated[int | None, typer.Option(
 # --- check ------------------------------------------------------------------------------------
 
 @app.command()
-def check(paths: PathsArg, policy: PolicyOpt = None, metric: MetricOpt = None,
+def check(paths: OptionalPathsArg = None, policy: PolicyOpt = None, metric: MetricOpt = None,
           format: FormatOpt = OutputFormat.table, source: SourceOpt = "local",
+          opt: OptOpt = None, now: NowOpt = None,
           plot: PlotOpt = None, price: PriceOpt = None, gpus: GpusOpt = None) -> None:
-    """Judge each run as of its last record; exit 1 if any finding is critical."""
+    """Judge each run; exit 1 if any finding is critical.
+
+    Local files are judged as of their last record. With a provider --source the running
+    jobs are listed and judged as of now (or --now), and PATHS, if any, name the jobs.
+    """
     pol = load_policy(policy)
     rules = build_rules(pol)
     checked = []
-    for run in load_runs(paths, source, metric, price, gpus):
-        now = run.job.last_time()
-        findings = evaluate([run.job], pol, now, rules=rules) if now is not None else []
-        checked.append(Checked(run, now, findings))
+    if source != "local":
+        at = time.time() if now is None else now
+        jobs = cloud_jobs(source, opt or [], [str(p) for p in paths or []], at)
+        for job in jobs:
+            _apply_overrides(job, price, gpus)
+            run = Run(job.console_url or job.id, source, job)
+            checked.append(Checked(run, at, evaluate([job], pol, at, rules=rules)))
+    for run in load_runs(paths or [], source, metric, price, gpus) if source == "local" else []:
+        at_last = run.job.last_time() if now is None else now
+        findings = evaluate([run.job], pol, at_last, rules=rules) if at_last is not None else []
+        checked.append(Checked(run, at_last, findings))
     if plot is not None:
         from trainguard.plot import markers_from_findings, plot_run
 
