@@ -53,3 +53,60 @@ def test_bad_source_options_are_one_clear_line() -> None:
     assert res.exit_code == 2 and "unknown source" in res.stderr
     res = run("--source", "kubeflow", "--opt", "novalue")
     assert res.exit_code == 2 and "expected KEY=VALUE" in res.stderr
+
+
+def test_sagemaker_source_through_recorded_sagemaker_and_moto_cloudwatch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SageMaker answers from recorded responses over loopback HTTP (moto cannot hold
+    running training jobs); CloudWatch and Logs are moto in server mode."""
+    from tests.contract.case_sagemaker import seed
+    from tests.sagemaker_replay import (
+        NOW as SM_NOW,
+    )
+    from tests.sagemaker_replay import (
+        REGION,
+        Recordings,
+        SageMakerServer,
+        moto_server,
+        recorded_answer,
+        seed_once,
+        stop_moto,
+    )
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    url = moto_server()
+    try:
+        seed_once(url, "contract", seed)
+        with SageMakerServer(recorded_answer(Recordings())) as server:
+            res = run("--source", "sagemaker", "--opt", f"region={REGION}",
+                      "--opt", f"sagemaker_endpoint_url={server.url}",
+                      "--opt", f"cloudwatch_endpoint_url={url}",
+                      "--opt", f"logs_endpoint_url={url}", "--now", str(SM_NOW),
+                      "--format", "json")
+    finally:
+        stop_moto()
+    assert res.exit_code in (0, 1), res.output
+    doc = json.loads(res.stdout)
+    assert {r["id"] for r in doc["runs"]} == {"llm-pretrain-a", "resnet-spot-b"}
+    assert "broken-c" in res.stderr
+
+
+def test_azureml_source_through_recorded_workspace(request: pytest.FixtureRequest,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azure ML and its MLflow REST answer from recorded responses over TLS on loopback;
+    with no Azure AD here, DefaultAzureCredential is the one part replaced."""
+    from tests.contract.case_azureml import NOW as AML_NOW
+    from tests.contract.case_azureml import RUNNING, StaticToken, start
+
+    replay = start(request)
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", StaticToken)
+    res = run("--source", "azureml",
+              "--opt", "subscription=00000000-0000-0000-0000-000000000000",
+              "--opt", "resource_group=rg-training", "--opt", "workspace=ws-research",
+              "--opt", f"endpoint={replay.base}", "--opt", f"ca_file={replay.ca_file}",
+              "--opt", "backoff=0.01", "--now", str(AML_NOW), "--format", "json")
+    assert res.exit_code in (0, 1), res.output
+    assert {r["id"] for r in json.loads(res.stdout)["runs"]} == RUNNING
