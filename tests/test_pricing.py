@@ -208,3 +208,30 @@ def test_a_damaged_cache_file_costs_a_refetch_not_a_failure(
                      fetch=fetchers(pricing_client=client))
     assert got.origin == "live"
     assert json.loads(path.read_text())["prices"]
+
+
+def test_cli_refresh_fetches_live_and_show_lists_it(tmp_path: Path) -> None:
+    """``trainguard prices refresh`` against a recorded Retail Prices answer on loopback."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    cache = tmp_path / "prices.json"
+    with azure_replay("azure_retail_Standard_NC24ads_A100_v4_eastus.json") as url:
+        res = CliRunner().invoke(app, ["prices", "refresh", "Standard_NC24ads_A100_v4@eastus",
+                                       "--cache", str(cache), "--azure-url", url])
+    assert res.exit_code == 0, res.output
+    assert "live" in res.output
+    shown = CliRunner().invoke(app, ["prices", "show", "--cache", str(cache)],
+                               env={"COLUMNS": "300"})
+    assert shown.exit_code == 0
+    row = next(line for line in shown.output.splitlines()
+               if "Standard_NC24ads_A100_v4" in line and "eastus" in line)
+    assert "Retail Prices" in row or "prices.azure.com" in row  # the live source, not the book
+    # offline, the same refresh says it fell back, and exits 1
+    res = CliRunner().invoke(app, ["prices", "refresh", "Standard_NC24ads_A100_v4@eastus",
+                                   "--cache", str(tmp_path / "other.json"),
+                                   "--azure-url", url])
+    assert res.exit_code == 1 and "shipped" in res.output
+    bad = CliRunner().invoke(app, ["prices", "refresh", "nonsense"])
+    assert bad.exit_code == 2 and "TYPE@REGION" in bad.output

@@ -461,6 +461,10 @@ from trainguard.prior_cmd import prior_learn  # noqa: E402
 
 prior_app.command("learn")(prior_learn)
 
+from trainguard.prices_cmd import prices_app  # noqa: E402
+
+app.add_typer(prices_app, name="prices")
+
 
 def main() -> None:  # pragma: no cover - the console script
     app()
