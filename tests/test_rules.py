@@ -345,3 +345,39 @@ def test_a_spike_near_the_end_is_not_a_plateau_but_flat_stays_flat(where: slice)
     flat[-1] *= 4
     (f,) = only(at_end(run(flat)), "plateau")
     assert f.evidence["points"] == 29  # the spike was set aside, the flat rest judged
+
+
+def _heartbeating(minutes: float, beat_every: float = 30.0, ended: bool = False) -> Job:
+    """A job logging every 10 s for 60 steps, then in an 'eval' pause for ``minutes``."""
+    job = run(decaying(60), dt=10.0)
+    t_last = job.last_time()
+    assert t_last is not None
+    bt = t_last + np.arange(0, minutes * 60 + 1, beat_every)
+    nan = np.full(len(bt), np.nan)
+    job.series["heartbeat"] = Series("heartbeat", bt, nan, bt - t_last)
+    job.series["heartbeat/eval"] = Series("heartbeat/eval", bt.copy(), nan.copy(), bt - t_last)
+    if ended:
+        job.series["pause_seconds"] = Series("pause_seconds", bt[-1:] + 1, [np.nan],
+                                             [minutes * 60])
+    return job
+
+
+def test_a_heartbeating_pause_is_not_a_stall_until_it_outlives_its_cap() -> None:
+    job = _heartbeating(40)
+    now = job.series["heartbeat"].time[-1] + 5
+    assert only(evaluate([job], Policy(), now), "stall") == []
+    # the heartbeat thread goes on but the evaluation is hung: past the 60 min cap
+    long = _heartbeating(70)
+    (f,) = only(evaluate([long], Policy(), long.series["heartbeat"].time[-1] + 5), "stall")
+    assert "'eval' pause" in f.message
+    # the heartbeats stopped too: the process is gone, a stall after the usual threshold
+    (f,) = only(evaluate([job], Policy(), now + 900), "stall")
+    assert f.severity in (Severity.WARNING, Severity.CRITICAL)
+
+
+def test_finished_pauses_raise_the_learnt_threshold() -> None:
+    job = _heartbeating(20, ended=True)  # a 20-minute evaluation that finished
+    t = job.series["pause_seconds"].time[-1]
+    # silence after it: 1.5 x 20 min = 30 min before it is a stall
+    assert only(evaluate([job], Policy(), t + 25 * 60), "stall") == []
+    assert only(evaluate([job], Policy(), t + 35 * 60), "stall")

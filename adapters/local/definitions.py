@@ -142,3 +142,10 @@ def load_definitions(path: str | Path) -> list[MetricDefinition]:
             raise FormatError(path, f"definition {i}: {e}") from None
         out.append(d)
     return out
+
+
+# The lines trainguard.emit writes. Imported here, at the end, because emit_format builds
+# on MetricDefinition above; the package's __init__ always loads this module first.
+from adapters.local.emit_format import EMIT_DEFINITIONS  # noqa: E402
+
+DEFAULT_DEFINITIONS = (*DEFAULT_DEFINITIONS, *EMIT_DEFINITIONS)

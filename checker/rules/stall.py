@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from checker.cost import progress
-from checker.model import Finding, Job, Severity
+from checker.model import Finding, FloatArray, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
 from checker.stats import quantile
@@ -34,6 +34,9 @@ class StallParams:
     unlearnt_seconds: float = param(
         1800.0, "threshold while the cadence is not learnt yet (Debugger's default)")
     critical_factor: float = param(2.0, "silence past this x the threshold is critical")
+    max_pause_seconds: float = param(
+        3600.0, "a pause announced by heartbeats (trainguard.emit) excuses silence this long, "
+        "or 3 x the longest pause the job finished before, whichever is larger")
     busy_util: float = param(50.0, "mean GPU utilisation (%) above which GPUs count as busy")
     idle_util: float = param(10.0, "mean GPU utilisation (%) below which GPUs count as idle")
 
@@ -73,12 +76,25 @@ class Stall(Rule):
             times = np.array([last])
             last_step = float("nan")
         last = float(times[-1])
+        resumed = job.series.get("pause_seconds")
+        if resumed is not None and len(resumed) and float(resumed.time[-1]) > last:
+            last = float(resumed.time[-1])  # the loop said it resumed: alive from there
         silence = float(ctx.now - last)
         thr, learnt = self.threshold(times)
+        pauses = _finished_pauses(job)
+        if len(pauses):
+            # Pauses the job reported finishing (evaluation, checkpoint) are learnt too.
+            thr = max(thr, p.pause_factor * float(pauses.max()))
         if silence <= thr:
+            return []
+        phase, excused = self._open_pause(job, last, ctx.now, pauses)
+        if excused:
             return []
         severity = Severity.CRITICAL if silence > p.critical_factor * thr else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
+        if phase is not None:
+            why = (f"in a '{phase}' pause for {silence / 60:.0f} min, longer than a pause may "
+                   f"take; {why}")
         evidence: dict[str, object] = {
             "kind": "silence", "silence_s": silence, "threshold_s": thr,
             "last_progress_step": last_step if np.isfinite(last_step) else None,
@@ -93,6 +109,30 @@ class Stall(Rule):
             started_at=last, step=last_step if np.isfinite(last_step) else None,
             evidence=evidence,
         )]
+
+    def _open_pause(self, job: Job, last_progress: float, now: float,
+                    finished: FloatArray) -> tuple[str | None, bool]:
+        """(phase, excused): the pause the job is heartbeating through now, and whether it
+        excuses the silence: its last heartbeat is recent and the pause is not longer than
+        allowed. A hung evaluation whose heartbeat thread goes on is still caught by the
+        cap."""
+        p: StallParams = self.params
+        beats = job.series.get("heartbeat")
+        if beats is None or not len(beats):
+            return None, False
+        last_beat = float(beats.time[-1])
+        ended = job.series.get("pause_seconds")
+        if ended is not None and len(ended) and float(ended.time[-1]) >= last_beat:
+            return None, False  # the last pause is over
+        if last_beat < last_progress:
+            return None, False
+        phase = "pause"
+        for name, s in job.series.items():
+            if name.startswith("heartbeat/") and len(s) and float(s.time[-1]) == last_beat:
+                phase = name.split("/", 1)[1]
+        cap = max(p.max_pause_seconds, 3 * float(finished.max()) if len(finished) else 0.0)
+        beating = now - last_beat <= max(p.min_seconds, 5 * _beat_interval(beats))
+        return phase, beating and now - last_progress <= cap
 
     def _diagnose(self, job: Job, since: float, now: float) -> tuple[str, float | None]:
         p: StallParams = self.params
@@ -109,3 +149,20 @@ class Stall(Rule):
         if mean <= p.idle_util:
             return "GPUs idle: the input pipeline or the process is stuck", mean
         return "GPUs partly busy with no steps", mean
+
+
+def _finished_pauses(job: Job) -> FloatArray:
+    """Lengths (s) of the pauses the job reported finishing (``pause_seconds``)."""
+    s = job.series.get("pause_seconds")
+    if s is None or not len(s):
+        return np.empty(0)
+    v = s.value[np.isfinite(s.value)]
+    return v[v >= 0]
+
+
+def _beat_interval(beats: Series) -> float:
+    """The heartbeat's own cadence (emit beats every 30 s by default)."""
+    t = beats.time
+    if len(t) < 2:
+        return 30.0
+    return float(np.median(np.diff(t[-20:])))
