@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from checker.model import Job, Series
+from checker.model import FloatArray, Job, Series
 from checker.policy import Policy
 from checker.prices import lookup
 
@@ -52,6 +52,16 @@ def progress(job: Job) -> Series | None:
     best = max(with_steps, key=len)
     ok = np.isfinite(best.step)
     return Series("step", best.time[ok], best.step[ok], best.step[ok])
+
+
+def update_times(prog: Series) -> FloatArray:
+    """When progress was made: the times of the records that raised the step beyond every
+    step before them (a repeated or lower step is no progress)."""
+    if not len(prog):
+        return np.empty(0)
+    best = np.maximum.accumulate(prog.step)
+    rises = np.concatenate(([True], best[1:] > best[:-1]))
+    return prog.time[rises]
 
 
 def recent_rate(prog: Series | None) -> float | None:

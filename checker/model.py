@@ -90,6 +90,11 @@ class Series:
     def last_time(self) -> float | None:
         return float(self.time[-1]) if len(self.time) else None
 
+    def at(self, t: float) -> float | None:
+        """The last value recorded at or before ``t`` (None before the first)."""
+        i = int(np.searchsorted(self.time, t, side="right")) - 1
+        return float(self.value[i]) if i >= 0 else None
+
 
 @dataclass(frozen=True)
 class LogLine:

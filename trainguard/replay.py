@@ -119,19 +119,6 @@ def tick_times(start: float, end: float, tick: float) -> FloatArray:
     return start + tick * np.arange(n, dtype=np.float64)
 
 
-class _StepAt:
-    """The run's last logged step at a time: read once, looked up per tick."""
-
-    def __init__(self, job: Job) -> None:
-        prog = cost.progress(job)
-        self.time = prog.time if prog is not None else np.empty(0)
-        self.step = prog.step if prog is not None else np.empty(0)
-
-    def __call__(self, t: float) -> float | None:
-        i = int(np.searchsorted(self.time, t, side="right")) - 1
-        return float(self.step[i]) if i >= 0 else None
-
-
 def savings(job: Job, policy: Policy, stop: Fire, end_time: float,
             end_step: float | None) -> Savings:
     """Remaining run time (or steps) after ``stop`` × the job's hourly cost, and GPU-hours."""
@@ -158,7 +145,11 @@ def replay(job: Job, policy: Policy, tick: float,
     if start is None or end is None:  # nothing recorded: nothing to replay
         return ReplayResult(job, tick, unit, 0, math.nan, math.nan, cost.hourly_cost(job, policy),
                             [], [], None, (_time.perf_counter() - began) * 1e3)
-    step_at = _StepAt(job)
+    prog = cost.progress(job)
+
+    def step_at(t: float) -> float | None:
+        return prog.at(t) if prog is not None else None
+
     histories: dict[str, History] = {}
     final: list[Finding] = []
     times = tick_times(start, end, tick)

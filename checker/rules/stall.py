@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.cost import progress
+from checker.cost import progress, update_times
 from checker.model import Finding, FloatArray, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
@@ -64,11 +64,8 @@ class Stall(Rule):
         p: StallParams = self.params
         prog = progress(job)
         if prog is not None and len(prog):
-            # A progress update is a record that raised the step beyond all before it.
-            best = np.maximum.accumulate(prog.step)
-            rises = np.concatenate(([True], best[1:] > best[:-1]))
-            times = prog.time[rises]
-            last_step = float(best[-1])
+            times = update_times(prog)
+            last_step = float(np.max(prog.step))
         else:
             last = job.last_time()
             if last is None:

@@ -185,28 +185,25 @@ def case_seed(seed: int, run: str, kind: str) -> int:
 
 
 class _Progress:
-    """The run's last logged step at a time, and its update times."""
+    """The run's progress: its last logged step at a time, and its update times."""
 
     def __init__(self, job: Job) -> None:
-        prog = cost.progress(job)
-        self.time = prog.time if prog is not None else np.empty(0)
-        self.step = prog.step if prog is not None else np.empty(0)
+        self.series = cost.progress(job)
 
     def step_at(self, t: float) -> float | None:
-        i = int(np.searchsorted(self.time, t, side="right")) - 1
-        return float(self.step[i]) if i >= 0 else None
+        return self.series.at(t) if self.series is not None else None
 
     def time_of_step(self, step: float) -> float | None:
-        at = np.flatnonzero(self.step >= step)
-        return float(self.time[at[0]]) if len(at) else None
+        if self.series is None:
+            return None
+        at = np.flatnonzero(self.series.step >= step)
+        return float(self.series.time[at[0]]) if len(at) else None
 
     def p99_interval(self) -> float | None:
         """The 99th percentile of the gaps between updates that raised the step."""
-        if len(self.step) < 2:
+        if self.series is None or len(self.series) < 2:
             return None
-        best = np.maximum.accumulate(self.step)
-        rises = np.concatenate(([True], best[1:] > best[:-1]))
-        gaps = np.diff(self.time[rises])
+        gaps = np.diff(cost.update_times(self.series))
         return float(np.quantile(gaps, 0.99)) if len(gaps) else None
 
 
@@ -337,7 +334,8 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
         s = primary(job, policy)
         metric = s.name if s is not None else None
     label = fault.label if fault is not None else row.label
-    start, last = (float(prog.time[0]) if len(prog.time) else None), job.last_time()
+    first = prog.series if prog.series is not None and len(prog.series) else None
+    start, last = (float(first.time[0]) if first is not None else None), job.last_time()
     # the onset: injected faults know theirs; a labelled onset_step is found on the run;
     # with none, a stalled run stalled at its last record and a bad one was bad from the start
     if fault is not None:
@@ -348,7 +346,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
     elif label == "stalled":
         onset_step, onset_time = prog.step_at(math.inf), last if judge.timed else None
     elif label != "healthy":
-        onset_step = float(prog.step[0]) if len(prog.step) else None
+        onset_step = float(first.step[0]) if first is not None else None
         onset_time = start if judge.timed else None
     else:
         onset_step = onset_time = None
