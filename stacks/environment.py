@@ -1,0 +1,387 @@
+"""Environments as data: ``environments/<name>.yaml``, one deployable stack each.
+
+Every environment has a ``name`` (equal to the file's stem, so ``cdktn deploy aws-dev``
+is ``environments/aws-dev.yaml``), a ``cloud`` (``aws``, ``azure`` or ``openshift``),
+a ``schedule`` (``rate(N minutes)`` or ``cron(M H DOM MON DOW)``, five standard fields,
+UTC), a ``policy`` (a policy file, relative to the repository), ``alarms``
+(``emails`` and ``webhooks``) and ``stop_enabled``. Each cloud adds its own fields
+(see the models below). The policy is loaded with ``trainguard.policy.load_policy``, so
+a bad policy fails synth with its own file and line.
+
+Every problem is reported as ``FILE:LINE: FIELD: reason``, all at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from checker.policy import Policy
+from trainguard.policy import (
+    Loc,
+    PolicyError,
+    Problem,
+    _dotted,
+    _line_of,
+    _parse,
+    _problems,
+    load_policy,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVIRONMENTS = ROOT / "environments"
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")]
+#: a Kubernetes namespace or label value (DNS-1123 label)
+K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+
+
+class EnvironmentFileError(PolicyError):
+    """Everything wrong with environment files (and their policies), one line per problem,
+    grouped by file."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems)
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line or 0, p.field))
+        self.args = ("\n".join(str(p) for p in self.problems),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# ------------------------------------------------------------------------- schedule
+
+
+_RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours)\)$")
+_CRON = re.compile(r"^cron\(([^()]+)\)$")
+_CRON_FIELD = re.compile(r"^[0-9*/,-]+$")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A tick schedule in the one form each platform wants."""
+
+    minutes: int | None  # rate(...) in minutes, else None
+    cron: str | None  # five standard fields, else None
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        if m := _RATE.match(text):
+            n = int(m.group(1)) * (60 if m.group(2).startswith("hour") else 1)
+            if n < 1:
+                raise ValueError("a rate must be at least 1 minute")
+            if n != 1 and m.group(2) in ("minute", "hour"):
+                raise ValueError(f"say 'rate({m.group(1)} {m.group(2)}s)' (plural)")
+            return cls(minutes=n, cron=None)
+        if m := _CRON.match(text):
+            fields = m.group(1).split()
+            if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+                raise ValueError("a cron has five fields of digits, '*', '/', ',' or '-': "
+                                 "minute hour day-of-month month day-of-week (UTC)")
+            return cls(minutes=None, cron=" ".join(fields))
+        raise ValueError("expected 'rate(N minutes)', 'rate(N hours)' or "
+                         "'cron(M H DOM MON DOW)'")
+
+    def standard_cron(self) -> str:
+        """Five-field cron (Kubernetes CronJob); a rate must divide an hour or a day."""
+        if self.cron is not None:
+            return self.cron
+        n = self.minutes or 0
+        if n < 60 and 60 % n == 0:
+            return "* * * * *" if n == 1 else f"*/{n} * * * *"
+        if n % 60 == 0 and 24 % (n // 60) == 0:
+            return "0 * * * *" if n == 60 else f"0 */{n // 60} * * *"
+        raise ValueError(f"rate({n} minutes) has no cron form: use a rate dividing an hour "
+                         "or a day, or cron(...)")
+
+    def aws(self) -> str:
+        """EventBridge: rate(...) as is, else cron with six fields and one '?'."""
+        if self.minutes is not None:
+            n = self.minutes
+            if n % 60 == 0:
+                hours = n // 60
+                return f"rate({hours} hour{'s' if hours > 1 else ''})"
+            return f"rate({n} minute{'s' if n > 1 else ''})"
+        mi, h, dom, mon, dow = (self.cron or "").split()
+        # EventBridge wants exactly one of day-of-month and day-of-week as '?'.
+        if dow == "*":
+            dow = "?"
+        else:
+            dom = "?"
+        return f"cron({mi} {h} {dom} {mon} {dow} *)"
+
+    def ncrontab(self) -> str:
+        """Azure Functions timer: six fields, seconds first."""
+        return "0 " + self.standard_cron()
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class Webhook(BaseModel):
+    model_config = _STRICT
+    name: Name
+    url: str = Field(pattern=r"^https://[^\s]+$")
+
+
+Email = Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
+
+
+class Alarms(BaseModel):
+    """Where alarms go: each cloud turns these into its own receivers (SNS
+    subscriptions, Action Group receivers, Alertmanager receivers)."""
+
+    model_config = _STRICT
+    emails: list[Email] = []
+    webhooks: list[Webhook] = []
+
+
+class Common(BaseModel):
+    model_config = _STRICT
+    cloud: ClassVar[str]
+    name: Name
+    schedule: str = "rate(5 minutes)"
+    policy: str = Field(min_length=1)
+    alarms: Alarms = Field(default_factory=Alarms)
+    stop_enabled: bool = False
+    tags: dict[str, str] = {}
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        Schedule.parse(v)
+        return v
+
+    @property
+    def tick(self) -> Schedule:
+        return Schedule.parse(self.schedule)
+
+
+class StopTag(BaseModel):
+    model_config = _STRICT
+    key: str = Field(default="trainguard:environment", min_length=1, max_length=128)
+    value: str | None = None  # default: the environment's name
+
+
+class AwsEnvironment(Common):
+    cloud: ClassVar[str] = "aws"
+    account: str = Field(pattern=r"^\d{12}$")
+    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    stop_tag: StopTag = Field(default_factory=StopTag)
+    log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 400, 545, 731] = 365
+
+    @property
+    def stop_tag_value(self) -> str:
+        return self.stop_tag.value or self.name
+
+
+class MlWorkspace(BaseModel):
+    model_config = _STRICT
+    resource_group: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+class LogQuery(BaseModel):
+    """The Log Analytics table and column holding training log lines (ContainerLogV2
+    for Azure ML on Kubernetes compute with Container Insights)."""
+
+    model_config = _STRICT
+    table: str = Field(default="ContainerLogV2", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    column: str = Field(default="LogMessage", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    workspace_id: str | None = None  # default: the stack's own Log Analytics workspace
+
+
+class AzureEnvironment(Common):
+    cloud: ClassVar[str] = "azure"
+    subscription: str = Field(
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    region: str = Field(pattern=r"^[a-z0-9]+$")
+    resource_group: str | None = None  # default: trainguard-<name>
+    ml_workspace: MlWorkspace
+    log_query: LogQuery = Field(default_factory=LogQuery)
+    budget_start: date = Field(description="first day of the budgets' first month")
+    log_retention_days: int = Field(default=30, ge=30, le=730)
+
+    @field_validator("budget_start", mode="before")
+    @classmethod
+    def _date(cls, v: Any) -> Any:
+        return date.fromisoformat(v) if isinstance(v, str) else v
+
+    @field_validator("budget_start")
+    @classmethod
+    def _first(cls, v: date) -> date:
+        if v.day != 1:
+            raise ValueError("Azure budgets start on the first day of a month")
+        return v
+
+    @property
+    def group(self) -> str:
+        return self.resource_group or f"trainguard-{self.name}"
+
+
+class LokiStack(BaseModel):
+    model_config = _STRICT
+    name: str = "logging-loki"
+    namespace: str = "openshift-logging"
+
+
+class FluentBitOutput(BaseModel):
+    """Where Fluent Bit sends the lines that match a signature (a Loki push endpoint)."""
+
+    model_config = _STRICT
+    host: str = Field(min_length=1)
+    port: int = Field(default=3100, ge=1, le=65535)
+    tls: bool = True
+
+
+class Smtp(BaseModel):
+    model_config = _STRICT
+    smarthost: str = Field(pattern=r"^[^\s:]+:\d+$")
+    sender: Email
+
+
+class OpenshiftEnvironment(Common):
+    cloud: ClassVar[str] = "openshift"
+    cluster: K8sName
+    kube_context: str | None = None  # default: the kubeconfig's current context
+    namespace: K8sName = "trainguard"
+    watch_namespaces: list[K8sName] = Field(min_length=1)
+    image: str = Field(pattern=r"^[^\s]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
+    log_shipping: Literal["loki", "fluentbit"] = "loki"
+    lokistack: LokiStack = Field(default_factory=LokiStack)
+    fluentbit: FluentBitOutput | None = None
+    smtp: Smtp | None = None
+    prometheus_url: str = "https://thanos-querier.openshift-monitoring.svc:9091"
+    alertmanager_url: str = (
+        "https://alertmanager-user-workload.openshift-user-workload-monitoring.svc:9095")
+    pushgateway_url: str | None = None
+
+
+#: cloud name -> its environment model
+CLOUDS: dict[str, type[Common]] = {
+    m.cloud: m for m in (AwsEnvironment, AzureEnvironment, OpenshiftEnvironment)}
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class Environment:
+    path: Path
+    spec: Common
+    policy: Policy
+    policy_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def cloud(self) -> str:
+        return self.spec.cloud
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _cross_checks(spec: Common, path: Path, lines: dict[Loc, int], filename: str
+                  ) -> list[Problem]:
+    out: list[Problem] = []
+
+    def problem(loc: Loc, reason: str) -> None:
+        out.append(Problem(filename, _line_of(loc, lines), _dotted(loc), reason))
+
+    if spec.name != path.stem:
+        problem(("name",), f"must equal the file name '{path.stem}' "
+                           f"(cdktn deploy {path.stem} builds this file)")
+    if isinstance(spec, OpenshiftEnvironment):
+        try:
+            spec.tick.standard_cron()
+        except ValueError as e:
+            problem(("schedule",), str(e))
+        if spec.log_shipping == "fluentbit" and spec.fluentbit is None:
+            problem(("log_shipping",), "fluentbit needs a 'fluentbit: {host: ...}' section "
+                                       "(where the matched lines go)")
+    if isinstance(spec, AzureEnvironment):
+        try:
+            spec.tick.standard_cron()
+        except ValueError as e:
+            problem(("schedule",), str(e))
+    return out
+
+
+def load_environment(path: str | Path, root: Path = ROOT) -> Environment:
+    """Read and validate one environment file and its policy, or raise
+    ``EnvironmentFileError`` listing every problem with its file, line and field."""
+    path = Path(path)
+    filename = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise EnvironmentFileError([Problem(filename, None, "", "cannot read the environment "
+                                         f"file: {e.strerror or e}")]) from None
+    try:
+        data, lines = _parse(text, filename)
+    except PolicyError as e:
+        raise EnvironmentFileError(e.problems) from None
+    if not isinstance(data, dict):
+        raise EnvironmentFileError([Problem(filename, lines.get(()), "", "an environment is a "
+                                         "mapping (name:, cloud:, ...)")])
+    cloud = data.get("cloud")
+    model = CLOUDS.get(cloud) if isinstance(cloud, str) else None
+    if model is None:
+        raise EnvironmentFileError([Problem(
+            filename, _line_of(("cloud",), lines), "cloud",
+            f"expected one of {', '.join(sorted(CLOUDS))}, got {cloud!r}")])
+    body = {k: v for k, v in data.items() if k != "cloud"}
+    try:
+        spec = model.model_validate(body)
+    except ValidationError as e:
+        raise EnvironmentFileError(_problems(e, model, (), filename, lines)) from None
+    problems = _cross_checks(spec, path, lines, filename)
+    policy_path = (root / spec.policy).resolve()
+    policy: Policy | None = None
+    if not policy_path.is_relative_to(root.resolve()):
+        problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+                                "must be a file inside the repository (it is packaged)"))
+    elif not policy_path.is_file():
+        problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+                                f"no such file: {spec.policy} (relative to the repository)"))
+    else:
+        try:
+            policy = load_policy(policy_path)
+        except PolicyError as e:
+            problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+                                    f"{spec.policy} is not a valid policy (below)"))
+            problems.extend(Problem(_display(Path(p.file)), p.line, p.field, p.reason)
+                            for p in e.problems)
+    if problems or policy is None:
+        raise EnvironmentFileError(problems)
+    return Environment(path=path, spec=spec, policy=policy, policy_path=policy_path)
+
+
+def load_all(folder: Path = ENVIRONMENTS) -> list[Environment]:
+    """Every ``*.yaml`` in ``folder``, sorted by name; all files' problems at once."""
+    envs: list[Environment] = []
+    problems: list[Problem] = []
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            envs.append(load_environment(path))
+        except EnvironmentFileError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise EnvironmentFileError(problems)
+    if not envs:
+        raise EnvironmentFileError([Problem(_display(folder), None, "", "no environment files "
+                                         "(*.yaml) to synthesise")])
+    return envs

@@ -1,0 +1,318 @@
+"""The OpenShift stack (kubernetes and helm providers): the watchdog CronJob in its own
+namespace with a ServiceAccount and namespaced RBAC, the policy as a ConfigMap, the
+state ConfigMap, and per watched namespace the PrometheusRules, PodMonitors and an
+AlertmanagerConfig; log shipping through OpenShift Logging to a LokiStack (with Loki
+ruler alerts from the signatures) or through a Fluent Bit Helm release."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cdktn import TerraformResourceLifecycle, TerraformStack
+from cdktn_provider_helm.provider import HelmProvider, HelmProviderKubernetes
+from cdktn_provider_helm.release import Release
+from cdktn_provider_kubernetes import cron_job_v1 as cj
+from cdktn_provider_kubernetes.cluster_role_binding_v1 import (
+    ClusterRoleBindingV1,
+    ClusterRoleBindingV1Metadata,
+    ClusterRoleBindingV1RoleRef,
+    ClusterRoleBindingV1Subject,
+)
+from cdktn_provider_kubernetes.config_map_v1 import ConfigMapV1, ConfigMapV1Metadata
+from cdktn_provider_kubernetes.manifest import Manifest
+from cdktn_provider_kubernetes.namespace_v1 import NamespaceV1, NamespaceV1Metadata
+from cdktn_provider_kubernetes.provider import KubernetesProvider
+from cdktn_provider_kubernetes.role_binding_v1 import (
+    RoleBindingV1,
+    RoleBindingV1Metadata,
+    RoleBindingV1RoleRef,
+    RoleBindingV1Subject,
+)
+from cdktn_provider_kubernetes.role_v1 import RoleV1, RoleV1Metadata, RoleV1Rule
+from cdktn_provider_kubernetes.service_account_v1 import (
+    ServiceAccountV1,
+    ServiceAccountV1Metadata,
+)
+from constructs import Construct
+
+from checker.signatures import SIGNATURES
+from stacks.base import local_state
+from stacks.environment import Environment, OpenshiftEnvironment
+from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups
+from stacks.signals import fluentbit_rewrite_rules, logql_rule
+
+WATCHDOG = "trainguard"
+STATE_CONFIGMAP = "trainguard-state"
+POLICY_CONFIGMAP = "trainguard-policy"
+POLICY_MOUNT = "/etc/trainguard"
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+METRICS_LABEL = "trainguard.io/metrics"  # training pods with this label are scraped
+#: the kinds the watchdog reads, and suspends (patch) when stops are enabled
+JOB_KINDS = (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org", "trainjobs"))
+FLUENT_BIT_CHART = ("https://fluent.github.io/helm-charts", "fluent-bit", "0.47.10")
+DCGM = {"namespace": "nvidia-gpu-operator", "app": "nvidia-dcgm-exporter",
+        "port": "gpu-metrics"}
+
+
+class OpenshiftStack(TerraformStack):
+    def __init__(self, scope: Construct, env: Environment, build_dir: Path) -> None:
+        super().__init__(scope, env.name)
+        spec = env.spec
+        assert isinstance(spec, OpenshiftEnvironment)
+        self.env, self.spec = env, spec
+        local_state(self, env.name)
+        KubernetesProvider(self, "kubernetes", config_path="~/.kube/config",
+                           config_context=spec.kube_context)
+        HelmProvider(self, "helm", kubernetes=HelmProviderKubernetes(
+            config_path="~/.kube/config", config_context=spec.kube_context))
+        self.labels = {"app.kubernetes.io/name": WATCHDOG,
+                       "app.kubernetes.io/managed-by": "cdktn",
+                       "trainguard.io/environment": spec.name}
+        # namespace_v1 takes a list of metadata blocks, the other resources a single one.
+        self.ns = NamespaceV1(self, "namespace", metadata=[NamespaceV1Metadata(
+            name=spec.namespace, labels=self.labels)]).metadata.get(0).name
+        self.sa = ServiceAccountV1(self, "service_account", metadata=ServiceAccountV1Metadata(
+            name=WATCHDOG, namespace=self.ns, labels=self.labels),
+            automount_service_account_token=True)
+        self._config_maps()
+        self._rbac()
+        self._cron_job()
+        self._monitoring()
+        if spec.log_shipping == "loki":
+            self._loki()
+        else:
+            self._fluent_bit()
+
+    # --- the watchdog -------------------------------------------------------------------
+
+    def _config_maps(self) -> None:
+        ConfigMapV1(self, "policy", metadata=ConfigMapV1Metadata(
+            name=POLICY_CONFIGMAP, namespace=self.ns, labels=self.labels),
+            data={"policy.yaml": self.env.policy_path.read_text(encoding="utf-8")})
+        # The watchdog may only get and update this one object (RBAC cannot limit
+        # "create" by name), so the stack creates it; its data is the watchdog's.
+        ConfigMapV1(self, "state", metadata=ConfigMapV1Metadata(
+            name=STATE_CONFIGMAP, namespace=self.ns, labels=self.labels), data={},
+            lifecycle=TerraformResourceLifecycle(ignore_changes=["data"]))
+
+    def _rbac(self) -> None:
+        spec = self.spec
+        job_verbs = ["get", "list", "watch", *(["patch"] if spec.stop_enabled else [])]
+        rules = [RoleV1Rule(api_groups=[group], resources=[plural], verbs=job_verbs)
+                 for group, plural in JOB_KINDS]
+        rules.append(RoleV1Rule(api_groups=[""], resources=["pods"],
+                                verbs=["get", "list", "watch"]))
+        subject = {"kind": "ServiceAccount", "name": WATCHDOG, "namespace": spec.namespace}
+        for ns in spec.watch_namespaces:
+            self._role(f"jobs_{ns}", ns, rules, subject)
+        self._role("state", self.ns, [RoleV1Rule(
+            api_groups=[""], resources=["configmaps"], resource_names=[STATE_CONFIGMAP],
+            verbs=["get", "update"])], subject)
+
+    def _role(self, rid: str, ns: str, rules: list[RoleV1Rule], subject: dict[str, str]
+              ) -> None:
+        name = f"{WATCHDOG}-{self.spec.name}"
+        role = RoleV1(self, f"role_{rid}", metadata=[RoleV1Metadata(
+            name=name, namespace=ns, labels=self.labels)], rule=rules)
+        RoleBindingV1(self, f"binding_{rid}", metadata=RoleBindingV1Metadata(
+            name=name, namespace=ns, labels=self.labels),
+            role_ref=RoleBindingV1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role",
+                                          name=role.metadata.get(0).name),
+            subject=[RoleBindingV1Subject(**subject)])
+
+    def _cron_job(self) -> None:
+        spec = self.spec
+        env = {
+            "TRAINGUARD_ENVIRONMENT": spec.name,
+            "TRAINGUARD_POLICY": f"{POLICY_MOUNT}/policy.yaml",
+            "TRAINGUARD_CLUSTER": spec.cluster,
+            "TRAINGUARD_NAMESPACES": ",".join(spec.watch_namespaces),
+            "TRAINGUARD_STATE_CONFIGMAP": f"{spec.namespace}/{STATE_CONFIGMAP}",
+            "TRAINGUARD_STOP_ENABLED": "true" if spec.stop_enabled else "false",
+            "TRAINGUARD_PROMETHEUS_URL": spec.prometheus_url,
+            "TRAINGUARD_ALERTMANAGER_URL": spec.alertmanager_url,
+            # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
+            "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
+            "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+            "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
+            "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+            **({"TRAINGUARD_PUSHGATEWAY_URL": spec.pushgateway_url}
+               if spec.pushgateway_url else {}),
+        }
+        seccomp = cj.CronJobV1SpecJobTemplateSpecTemplateSpecSecurityContextSeccompProfile(
+            type="RuntimeDefault")
+        container = cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainer(
+            name="watchdog", image=spec.image, image_pull_policy="IfNotPresent",
+            env=[cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerEnv(name=k, value=v)
+                 for k, v in env.items()],
+            security_context=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerSecurityContext(
+                run_as_non_root=True, allow_privilege_escalation=False, privileged=False,
+                read_only_root_filesystem=True,
+                capabilities=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerSecurityContextCapabilities(
+                    drop=["ALL"]),
+                seccomp_profile=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerSecurityContextSeccompProfile(
+                    type="RuntimeDefault")),
+            resources=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerResources(
+                requests={"cpu": "100m", "memory": "256Mi"},
+                limits={"cpu": "1", "memory": "1Gi"}),
+            volume_mount=[
+                cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
+                    name="policy", mount_path=POLICY_MOUNT, read_only=True),
+                cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
+                    name="tmp", mount_path="/tmp")])
+        pod = cj.CronJobV1SpecJobTemplateSpecTemplateSpec(
+            service_account_name=self.sa.metadata.name, restart_policy="Never",
+            # No runAsUser: OpenShift's restricted-v2 SCC assigns an arbitrary one.
+            security_context=cj.CronJobV1SpecJobTemplateSpecTemplateSpecSecurityContext(
+                run_as_non_root=True, seccomp_profile=seccomp),
+            container=[container],
+            volume=[
+                cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
+                    name="policy",
+                    config_map=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeConfigMap(
+                        name=POLICY_CONFIGMAP)),
+                cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
+                    name="tmp",
+                    empty_dir=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeEmptyDir(
+                        size_limit="64Mi"))])
+        cj.CronJobV1(self, "watchdog", metadata=cj.CronJobV1Metadata(
+            name=WATCHDOG, namespace=self.ns, labels=self.labels),
+            spec=cj.CronJobV1Spec(
+                schedule=spec.tick.standard_cron(),  # the controller's zone: UTC on OpenShift
+                # One tick at a time: two concurrent ticks could both stop a job.
+                concurrency_policy="Forbid", starting_deadline_seconds=120,
+                successful_jobs_history_limit=1, failed_jobs_history_limit=3,
+                job_template=cj.CronJobV1SpecJobTemplate(
+                    metadata=cj.CronJobV1SpecJobTemplateMetadata(labels=self.labels),
+                    spec=cj.CronJobV1SpecJobTemplateSpec(
+                        backoff_limit=0, active_deadline_seconds=600,
+                        ttl_seconds_after_finished="3600",
+                        template=cj.CronJobV1SpecJobTemplateSpecTemplate(
+                            metadata=cj.CronJobV1SpecJobTemplateSpecTemplateMetadata(
+                                labels=self.labels),
+                            spec=pod)))))
+
+    # --- alerts and metrics -------------------------------------------------------------
+
+    def _manifest(self, rid: str, api: str, kind: str, name: str, ns: str | None,
+                  spec: dict[str, Any]) -> None:
+        metadata: dict[str, Any] = {"name": name, "labels": self.labels}
+        if ns is not None:
+            metadata["namespace"] = ns
+        Manifest(self, rid, manifest={"apiVersion": api, "kind": kind, "metadata": metadata,
+                                      "spec": spec})
+
+    def _receiver(self) -> dict[str, Any]:
+        spec = self.spec
+        receiver: dict[str, Any] = {"name": WATCHDOG}
+        if spec.alarms.emails:
+            smtp = ({"smarthost": spec.smtp.smarthost, "from": spec.smtp.sender}
+                    if spec.smtp else {})
+            receiver["emailConfigs"] = [{"to": e, "sendResolved": True, **smtp}
+                                        for e in spec.alarms.emails]
+        if spec.alarms.webhooks:
+            receiver["webhookConfigs"] = [{"url": h.url, "sendResolved": True}
+                                          for h in spec.alarms.webhooks]
+        return receiver
+
+    def _monitoring(self) -> None:
+        spec = self.spec
+        groups = rule_groups(self.env.policy)
+        route = {"receiver": WATCHDOG, "groupBy": ["alertname", "pod"], "groupWait": "30s",
+                 "groupInterval": "5m", "repeatInterval": "4h",
+                 "matchers": [{"name": "trainguard_rule", "matchType": "=~", "value": ".+"}]}
+        amc = {"route": route, "receivers": [self._receiver()]}
+        # AlertmanagerConfig routes only its own namespace's alerts: one per namespace.
+        self._manifest("alertmanager_config", "monitoring.coreos.com/v1beta1",
+                       "AlertmanagerConfig", WATCHDOG, spec.namespace, amc)
+        for ns in spec.watch_namespaces:
+            rid = ns.replace("-", "_")
+            self._manifest(f"rules_{rid}", "monitoring.coreos.com/v1", "PrometheusRule",
+                           WATCHDOG, ns, groups)
+            self._manifest(f"training_metrics_{rid}", "monitoring.coreos.com/v1",
+                           "PodMonitor", f"{WATCHDOG}-training", ns, {
+                               "selector": {"matchLabels": {METRICS_LABEL: "true"}},
+                               "podMetricsEndpoints": [{"port": "metrics",
+                                                        "interval": f"{SCRAPE_SECONDS}s"}]})
+            self._manifest(f"alertmanager_config_{rid}", "monitoring.coreos.com/v1beta1",
+                           "AlertmanagerConfig", WATCHDOG, ns, amc)
+        self._manifest("dcgm_metrics", "monitoring.coreos.com/v1", "PodMonitor",
+                       f"{WATCHDOG}-dcgm", DCGM["namespace"], {
+                           "selector": {"matchLabels": {"app": DCGM["app"]}},
+                           "podMetricsEndpoints": [{"port": DCGM["port"],
+                                                    "interval": f"{SCRAPE_SECONDS}s",
+                                                    "honorLabels": True}]})
+
+    # --- log shipping -------------------------------------------------------------------
+
+    def _loki(self) -> None:
+        spec = self.spec
+        collector = f"{WATCHDOG}-log-collector"
+        ServiceAccountV1(self, "log_collector", metadata=ServiceAccountV1Metadata(
+            name=collector, namespace=self.ns, labels=self.labels))
+        for i, role in enumerate(("collect-application-logs", "logging-collector-logs-writer")):
+            ClusterRoleBindingV1(self, f"log_collector_{i}", metadata=ClusterRoleBindingV1Metadata(
+                name=f"{collector}-{spec.name}-{role}", labels=self.labels),
+                role_ref=ClusterRoleBindingV1RoleRef(
+                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+                subject=[ClusterRoleBindingV1Subject(kind="ServiceAccount", name=collector,
+                                                     namespace=spec.namespace)])
+        loki = spec.lokistack
+        self._manifest("log_forwarder", "observability.openshift.io/v1", "ClusterLogForwarder",
+                       WATCHDOG, spec.namespace, {
+                           "serviceAccount": {"name": collector},
+                           "inputs": [{"name": "training", "type": "application",
+                                       "application": {"includes": [
+                                           {"namespace": ns} for ns in spec.watch_namespaces]}}],
+                           "outputs": [{"name": "lokistack", "type": "lokiStack", "lokiStack": {
+                               "target": {"name": loki.name, "namespace": loki.namespace},
+                               "authentication": {"token": {"from": "serviceAccount"}}},
+                               "tls": {"ca": {"key": "service-ca.crt",
+                                              "configMapName": "openshift-service-ca.crt"}}}],
+                           "pipelines": [{"name": "training-to-loki", "inputRefs": ["training"],
+                                          "outputRefs": ["lokistack"]}]})
+        for ns in spec.watch_namespaces:
+            selector = f'{{kubernetes_namespace_name="{ns}"}}'
+            rules = [{"alert": f"TrainguardLog_{s.name}", "expr": logql_rule(s, selector),
+                      "labels": {"severity": s.severity.value, "trainguard_rule": "logs",
+                                 "signature": s.name},
+                      "annotations": {"summary": f"{s.meaning} in "
+                                                 "{{ $labels.kubernetes_pod_name }}",
+                                      "description": f"training log line matching the "
+                                                     f"'{s.name}' signature"}}
+                     for s in SIGNATURES]
+            self._manifest(f"log_alerts_{ns.replace('-', '_')}", "loki.grafana.com/v1",
+                           "AlertingRule", WATCHDOG, ns, {
+                               "tenantID": "application",
+                               "groups": [{"name": "trainguard-signatures", "interval": "1m",
+                                           "rules": rules}]})
+
+    def _fluent_bit(self) -> None:
+        spec = self.spec
+        out = spec.fluentbit
+        assert out is not None  # the environment's validation requires it
+        repo, chart, version = FLUENT_BIT_CHART
+        paths = ",".join(f"/var/log/containers/*_{ns}_*.log" for ns in spec.watch_namespaces)
+        rewrite = "\n".join(f"    Rule {r}" for r in fluentbit_rewrite_rules())
+        config = {
+            "inputs": ("[INPUT]\n    Name tail\n    Tag kube.*\n    multiline.parser cri\n"
+                       f"    Path {paths}\n    Mem_Buf_Limit 16MB\n    Skip_Long_Lines On\n"),
+            "filters": ("[FILTER]\n    Name kubernetes\n    Match kube.*\n    Merge_Log On\n"
+                        "[FILTER]\n    Name rewrite_tag\n    Match kube.*\n"
+                        f"{rewrite}\n    Emitter_Name trainguard_signatures\n"),
+            "outputs": ("[OUTPUT]\n    Name loki\n    Match trainguard.*\n"
+                        f"    Host {out.host}\n    Port {out.port}\n"
+                        f"    tls {'On' if out.tls else 'Off'}\n"
+                        "    labels job=trainguard, signature=$TAG[2], severity=$TAG[1], "
+                        "namespace=$kubernetes['namespace_name'], "
+                        "pod=$kubernetes['pod_name']\n"),
+        }
+        Release(self, "fluent_bit", name=f"{WATCHDOG}-fluent-bit", repository=repo,
+                chart=chart, version=version, namespace=spec.namespace,
+                values=[json.dumps({"config": config, "kind": "DaemonSet",
+                                    "securityContext": {"readOnlyRootFilesystem": True,
+                                                        "allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}},
+                                   sort_keys=True)])

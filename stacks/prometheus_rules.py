@@ -1,0 +1,107 @@
+"""PrometheusRules generated from the rules' parameters as the policy sets them, so the
+cluster's own alerts and the watchdog agree on what a stall, a NaN and idle GPUs are.
+
+Prometheus cannot learn a job's cadence as the ``stall`` rule does, so its alert uses
+the rule's threshold for a job whose cadence is not learnt yet (``unlearnt_seconds``,
+at least ``min_seconds``); the watchdog's own finding usually comes first.
+
+Metric names: ``trainguard_step`` and ``trainguard_loss`` (what ``trainguard.emit`` and
+the Prometheus adapter use), ``DCGM_FI_DEV_GPU_UTIL`` (NVIDIA DCGM exporter, per GPU,
+labelled with the pod it serves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from checker.model import Action, Severity
+from checker.policy import Policy
+from checker.registry import RULES, rule_names
+
+SCRAPE_SECONDS = 30  # the PodMonitors' interval; a "for" of N points is N-1 intervals
+
+Alert = dict[str, Any]
+
+
+def _params(policy: Policy, name: str) -> Any:
+    rule_names()
+    return RULES[name].Params(**policy.rule(name).params)
+
+
+def _alert(name: str, expr: str, severity: Severity, for_s: int, rule: str,
+           summary: str, description: str) -> Alert:
+    alert: Alert = {"alert": name, "expr": expr,
+                    "labels": {"severity": severity.value, "trainguard_rule": rule},
+                    "annotations": {"summary": summary, "description": description}}
+    if for_s > 0:
+        alert["for"] = f"{for_s}s"
+    return alert
+
+
+def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
+    p = _params(policy, "stall")
+    threshold = int(max(p.min_seconds, p.unlearnt_seconds))
+    out = []
+    for severity, seconds in ((Severity.WARNING, threshold),
+                              (Severity.CRITICAL, int(threshold * p.critical_factor))):
+        # A series with no value `seconds` ago is not judged: a job that just started
+        # cannot have stalled for that long.
+        expr = f"(trainguard_step - trainguard_step offset {seconds}s) <= 0"
+        out.append((severity, _alert(
+            f"TrainguardStall{severity.value.title()}", expr, severity, 0, "stall",
+            "training job {{ $labels.pod }} made no progress for "
+            f"{seconds // 60} min",
+            "trainguard_step of {{ $labels.namespace }}/{{ $labels.pod }} has not risen "
+            f"in {seconds} s (stall rule: min_seconds={p.min_seconds:g}, "
+            f"unlearnt_seconds={p.unlearnt_seconds:g}, "
+            f"critical_factor={p.critical_factor:g}).")))
+    return out
+
+
+def _divergence(policy: Policy) -> list[tuple[Severity, Alert]]:
+    p = _params(policy, "divergence")
+    expr = (f"trainguard_loss != trainguard_loss or abs(trainguard_loss) > {p.abs_limit:g}")
+    return [(Severity.CRITICAL, _alert(
+        "TrainguardLossNotFinite", expr, Severity.CRITICAL,
+        (p.nan_points - 1) * SCRAPE_SECONDS, "divergence",
+        "training loss of {{ $labels.pod }} is NaN, infinite or blown up",
+        f"trainguard_loss is NaN/inf or beyond {p.abs_limit:g} for {p.nan_points} scrapes "
+        "in a row (divergence rule: nan_points, abs_limit). Value: {{ $value }}."))]
+
+
+def _utilization(policy: Policy) -> list[tuple[Severity, Alert]]:
+    p = _params(policy, "utilization")
+    util = "avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL)"
+    window = int(p.window_seconds)
+    return [
+        (Severity.CRITICAL, _alert(
+            "TrainguardGpuIdle", f"{util} < {p.idle_p95:g}", Severity.CRITICAL, window,
+            "utilization", "GPUs of {{ $labels.pod }} idle",
+            f"mean GPU utilisation under {p.idle_p95:g} % for {window // 60} min "
+            "(utilization rule: idle_p95, window_seconds). Value: {{ $value }} %.")),
+        (Severity.WARNING, _alert(
+            "TrainguardGpuUnderused", f"{util} < {p.underuse_p95:g} and {util} >= "
+            f"{p.idle_p95:g}", Severity.WARNING, window, "utilization",
+            "GPUs of {{ $labels.pod }} under-used",
+            f"mean GPU utilisation under {p.underuse_p95:g} % for {window // 60} min "
+            "(utilization rule: underuse_p95, window_seconds). Value: {{ $value }} %.")),
+    ]
+
+
+#: rule name -> its alerts (severity, alert) from the effective parameters
+GENERATORS: dict[str, Callable[[Policy], list[tuple[Severity, Alert]]]] = {
+    "stall": _stall, "divergence": _divergence, "utilization": _utilization}
+
+
+def rule_groups(policy: Policy) -> dict[str, Any]:
+    """The ``spec`` of a PrometheusRule (also a plain Prometheus rule file): alerts of
+    enabled rules, for severities whose policy action is not ``none``."""
+    rules: list[Alert] = []
+    for name, generate in GENERATORS.items():
+        cfg = policy.rule(name)
+        if not cfg.enabled:
+            continue
+        rules.extend(alert for severity, alert in generate(policy)
+                     if cfg.actions.get(severity, Action.NONE) is not Action.NONE)
+    return {"groups": [{"name": "trainguard", "rules": rules}]}
