@@ -13,6 +13,7 @@ prometheus_bin``) or list ``tests.servers`` in conftest's ``pytest_plugins``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import shutil
 import socket
@@ -197,3 +198,85 @@ def prometheus_bin() -> str:
     """The prometheus binary (with promtool beside it), or a skip naming the package."""
     binary("promtool")
     return binary("prometheus")
+
+
+# --- Azurite (Azure Table Storage) ------------------------------------------------
+
+#: Azurite's well-known development account (public, documented, the same everywhere).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
+AZURITE_TABLE = Path(__file__).resolve().parents[1] / ".tools/node_modules/.bin/azurite-table"
+
+
+def azurite_connection(server: Server) -> str:
+    """The connection string of the development account on ``server``."""
+    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};TableEndpoint={server.url}/{AZURITE_ACCOUNT};")
+
+
+@contextlib.contextmanager
+def azurite_table() -> Iterator[Server]:
+    """Azurite's Table service on a free loopback port, data in a temporary folder.
+    Skips when node or the npm package is absent."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (Azurite needs Node.js: apt-get install nodejs)")
+    if not AZURITE_TABLE.exists():
+        pytest.skip(f"Azurite is not installed ({AZURITE_TABLE} is missing: "
+                    "npm install --prefix .tools azurite@3)")
+    from azure.core.credentials import AzureNamedKeyCredential
+    from azure.data.tables import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    # Azurite answers nothing anonymously: readiness is a signed table listing (in JSON:
+    # it refuses the Atom format a bare GET would ask for).
+    sas = generate_account_sas(
+        AzureNamedKeyCredential(AZURITE_ACCOUNT, AZURITE_KEY),
+        resource_types=ResourceTypes(service=True, container=True, object=True),
+        permission=AccountSasPermissions(read=True, list=True),
+        expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+
+    def argv(port: int, wd: Path) -> list[str]:
+        return [str(AZURITE_TABLE), "--tableHost", "127.0.0.1", "--tablePort", str(port),
+                "--location", str(wd), "--skipApiVersionCheck", "--disableTelemetry",
+                "--silent"]
+
+    with start_server("azurite-table", argv, f"/{AZURITE_ACCOUNT}/Tables?{sas}"
+                      "&$format=application%2Fjson%3Bodata%3Dnometadata") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite(pytestconfig: pytest.Config) -> Server:
+    """One Azurite Table service for the session (each test uses its own table)."""
+    return shared(pytestconfig, "azurite-table", azurite_table)
+
+
+# --- Alertmanager and Pushgateway -----------------------------------------------------
+
+
+@contextlib.contextmanager
+def alertmanager(config: str) -> Iterator[Server]:
+    """An Alertmanager on a free loopback port with the YAML ``config`` (its receivers,
+    e.g. a webhook on loopback), clustering off, its storage in a temporary folder."""
+    exe = binary("prometheus-alertmanager")
+
+    def argv(port: int, wd: Path) -> list[str]:
+        (wd / "alertmanager.yml").write_text(config)
+        return [exe, f"--config.file={wd / 'alertmanager.yml'}", f"--storage.path={wd / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                "--log.level=warn"]
+
+    with start_server("alertmanager", argv, "/-/ready") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def pushgateway() -> Iterator[Server]:
+    """A Pushgateway on a free loopback port, keeping what it is pushed in memory."""
+    exe = binary("prometheus-pushgateway")
+
+    def argv(port: int, wd: Path) -> list[str]:
+        return [exe, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+
+    with start_server("pushgateway", argv, "/-/ready") as server:
+        yield server
