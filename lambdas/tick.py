@@ -66,6 +66,9 @@ class AlarmEvent:
     ticks: int  # consecutive ticks the finding was seen
     memory: FindingMemory
     stopped: bool = False  # a stop was made (or, dry run, would have been) this tick
+    # What the memory said before this alarm: restored if no sink took it, so the next
+    # tick says it again instead of waiting hours for the reminder.
+    previous: tuple[float | None, str | None] = field(default=(None, None), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,7 +181,9 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
                or (s.memory.stop is not None and s.memory.stop.done_at is not None)}
     for e in events:
         e.stopped = e.job_key in stopped
-    _send(events, sinks, report)
+    undelivered = _send(events, sinks, report)
+    if undelivered:
+        _say_again_next_tick(undelivered, seen, store, report)
     return report
 
 
@@ -236,9 +241,10 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
             elif now - fm.alarmed_at >= remind_every_s:
                 kind = "remind"
             if kind:
+                before = (fm.alarmed_at, fm.alarmed_severity)
                 fm.alarmed_at, fm.alarmed_severity = now, f.severity.value
                 events.append(AlarmEvent(kind, f, s.job, s.source.name, s.key, now,
-                                         fm.first_seen, fm.consecutive, fm))
+                                         fm.first_seen, fm.consecutive, fm, previous=before))
         for fkey in [k for k in s.memory.findings if k not in present]:
             fm = s.memory.findings.pop(fkey)
             if fm.alarmed_at is not None:
@@ -361,8 +367,11 @@ def _carry_out(chosen: list[tuple[_Seen, Finding]], policy: Policy, store: State
         raise first_error
 
 
-def _send(events: list[AlarmEvent], sinks: Sequence[AlarmSink], report: TickReport) -> None:
+def _send(events: list[AlarmEvent], sinks: Sequence[AlarmSink],
+          report: TickReport) -> list[AlarmEvent]:
+    """Every event to every sink; returns the raise and remind events some sink failed."""
     report.events = events
+    failed: dict[int, AlarmEvent] = {}
     for sink in sinks:
         for e in events:
             try:
@@ -370,3 +379,22 @@ def _send(events: list[AlarmEvent], sinks: Sequence[AlarmSink], report: TickRepo
             except Exception as err:  # a broken sink must not hide the others' alarms
                 log.exception("alarm sink %s failed", type(sink).__name__)
                 report.sink_errors.append(f"{type(sink).__name__}: {type(err).__name__}: {err}")
+                if e.kind != "resolve":  # an unsent resolve: the alarm expires or reminds
+                    failed[id(e)] = e
+    return list(failed.values())
+
+
+def _say_again_next_tick(undelivered: list[AlarmEvent], seen: dict[str, _Seen],
+                         store: StateStore, report: TickReport) -> None:
+    """Put back what the memory said before each undelivered alarm and save it. A sink that
+    did take the alarm may hear it twice; one that did not is not left silent for hours."""
+    by_key = {s.key: s.memory for s in seen.values()}
+    changed: dict[str, JobMemory] = {}
+    for e in undelivered:
+        e.memory.alarmed_at, e.memory.alarmed_severity = e.previous
+        if e.job_key in by_key:
+            changed[e.job_key] = by_key[e.job_key]
+    try:
+        store.save(list(changed.values()))
+    except Exception as err:  # the stops are done; only the retry of the alarm is lost
+        report.sink_errors.append(f"cannot mark undelivered alarms for the next tick: {err}")

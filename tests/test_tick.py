@@ -186,6 +186,36 @@ def test_dedup_one_raise_reminders_then_one_resolve(store: StateStore) -> None:
     assert src.stops == []
 
 
+class DownSink(Sink):
+    """A sink that refuses the first ``down`` sends, like an Alertmanager restarting."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    def send(self, event: AlarmEvent) -> None:
+        if self.down > 0:
+            self.down -= 1
+            raise ConnectionError("connection refused")
+        super().send(event)
+
+
+def test_an_undelivered_alarm_is_said_again_next_tick_not_hours_later(
+        store: StateStore) -> None:
+    job = make_job("j", 50.0)
+    src = FakeSource("fake", [job])
+    sink, other = DownSink(down=1), Sink()
+    pol = policy(warning=Action.NOTIFY)
+    report = tick([src], pol, store, [sink, other], now=1_000.0, rules=RULES)
+    assert report.sink_errors and sink.events == []
+    assert other.kinds() == ["raise"]
+    tick([src], pol, store, [sink, other], now=1_300.0, rules=RULES)
+    assert sink.kinds() == ["raise"]  # the next tick, not the 6-hour reminder
+    assert other.kinds() == ["raise", "raise"]  # the sink that had it hears it twice
+    tick([src], pol, store, [sink, other], now=1_600.0, rules=RULES)
+    assert sink.kinds() == ["raise"]  # and then no more until the reminder
+
+
 def test_info_findings_raise_no_alarm(store: StateStore) -> None:
     pol = policy(warning=Action.NONE)
     src = FakeSource("fake", [make_job("j", 50.0)])

@@ -254,10 +254,6 @@ def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
         log.error("state store failed, no stop was made: %s", e)
         return STORE_DOWN, None
     seconds = time.monotonic() - started
-    try:
-        _raise_again(runtime)
-    except StateStoreError as e:
-        report.sink_errors.append(f"cannot mark undelivered alarms for the next run: {e}")
     problems = [f"source {k}: {v}" for k, v in report.source_errors.items()]
     problems += [f"job {e.ref}: {e.reason}" for e in runtime.adapter.errors]
     problems += [f"sink {e}" for e in report.sink_errors]
@@ -281,24 +277,6 @@ def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
         "metrics": getattr(runtime.adapter.metrics, "read", None)}}, sort_keys=True),
         flush=True)
     return (ERRORS if problems else OK), report
-
-
-def _raise_again(runtime: Runtime) -> None:
-    """Alarms Alertmanager did not take are raised again next run, not at the reminder
-    hours later: the tick recorded them as sent before sending."""
-    failed = [e for sink in runtime.sinks if isinstance(sink, AlertmanagerSink)
-              for e in sink.failed if e.kind != "resolve"]  # a resolve: the alert expires
-    if not failed:
-        return
-    memories = runtime.store.load_all()
-    changed = {}
-    for e in failed:
-        m = memories.get(e.job_key)
-        fm = m.findings.get(e.memory.key) if m is not None else None
-        if m is not None and fm is not None and fm.alarmed_at == e.time:
-            fm.alarmed_at = None
-            changed[m.job_key] = m
-    runtime.store.save(list(changed.values()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
