@@ -187,9 +187,10 @@ def test_prometheus_sink_serves_the_gauges_for_scraping() -> None:
     e.emit(step=7, loss=1.25)
     e.heartbeat("checkpoint", 12.0)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'trainguard_step{job_name="job-a"} 7.0' in body
-    assert 'trainguard_metric{job_name="job-a",name="loss"} 1.25' in body
-    assert 'trainguard_pause_elapsed_seconds{job_name="job-a",phase="checkpoint"} 12.0' in body
+    # the names the Prometheus adapter's default mapping and the PrometheusRules read
+    assert 'trainguard_step{run="job-a"} 7.0' in body
+    assert 'trainguard_loss{run="job-a"} 1.25' in body
+    assert 'trainguard_pause_elapsed_seconds{phase="checkpoint",run="job-a"} 12.0' in body
     sink.server[0].shutdown()
 
 

@@ -238,9 +238,12 @@ class PrometheusSink:
     """Gauges for Prometheus: scraped from ``port`` (a PodMonitor), or pushed to a
     Pushgateway at ``gateway`` (host:port) on every written record and heartbeat.
 
-    ``trainguard_step``, ``trainguard_metric{name}``, ``trainguard_last_record_timestamp_seconds``
-    and ``trainguard_heartbeat_timestamp_seconds{phase}`` / ``trainguard_pause_elapsed_seconds``
-    (-1 once the pause ended), each labelled with ``job``.
+    One gauge per metric, named as the Prometheus adapter's default mapping and the
+    generated PrometheusRules read them, each labelled ``run`` (the job's id):
+    ``trainguard_step``, ``trainguard_loss``, ``trainguard_val_loss``, ...
+    (``trainguard_<name>`` for any metric), ``trainguard_last_record_timestamp_seconds``,
+    and ``trainguard_heartbeat_timestamp_seconds{phase}`` /
+    ``trainguard_pause_elapsed_seconds{phase}`` (-1 once the pause ended).
     """
 
     def __init__(self, job: str, port: int | None = None, gateway: str | None = None) -> None:
@@ -251,32 +254,32 @@ class PrometheusSink:
         self._pc: Any = pc
         self.job, self.gateway = job, gateway
         self.registry = pc.CollectorRegistry()
-        labels = ["job_name"]
-        self.step = pc.Gauge("trainguard_step", "last training step", labels,
-                             registry=self.registry)
-        self.metric = pc.Gauge("trainguard_metric", "last value of a training metric",
-                               [*labels, "name"], registry=self.registry)
-        self.last = pc.Gauge("trainguard_last_record_timestamp_seconds",
-                             "when the last record was written", labels, registry=self.registry)
-        self.beat = pc.Gauge("trainguard_heartbeat_timestamp_seconds",
-                             "when the last heartbeat was written", [*labels, "phase"],
-                             registry=self.registry)
-        self.paused = pc.Gauge("trainguard_pause_elapsed_seconds",
-                               "seconds into the current pause, -1 after it ended",
-                               [*labels, "phase"], registry=self.registry)
+        self._gauges: dict[str, Any] = {}
+        self.last = self._gauge("last_record_timestamp_seconds", "when the last record was written")
+        self.beat = self._gauge("heartbeat_timestamp_seconds",
+                                "when the last heartbeat was written", ("phase",))
+        self.paused = self._gauge("pause_elapsed_seconds",
+                                  "seconds into the current pause, -1 after it ended", ("phase",))
         if port is not None:
             self.server = pc.start_http_server(port, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+        full = "trainguard_" + _PROM_NAME.sub("_", name)
+        if full not in self._gauges:
+            self._gauges[full] = self._pc.Gauge(full, doc, ["run", *extra],
+                                                registry=self.registry)
+        return self._gauges[full]
 
     def _push(self) -> None:
         if self.gateway is not None:
             self._pc.push_to_gateway(self.gateway, job="trainguard", registry=self.registry,
-                                     grouping_key={"job_name": self.job})
+                                     grouping_key={"run": self.job})
 
     def record(self, step: int | None, values: Mapping[str, float], when: float) -> None:
         if step is not None:
-            self.step.labels(self.job).set(step)
+            self._gauge("step", "last training step").labels(self.job).set(step)
         for name, value in values.items():
-            self.metric.labels(self.job, name).set(value)
+            self._gauge(name, f"last value of {name}").labels(self.job).set(value)
         self.last.labels(self.job).set(when)
         self._push()
 
@@ -284,6 +287,9 @@ class PrometheusSink:
         self.beat.labels(self.job, phase).set(when)
         self.paused.labels(self.job, phase).set(elapsed)
         self._push()
+
+
+_PROM_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
 def sinks_from_env(env: Mapping[str, str]) -> tuple[Sink, ...]:
