@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +22,32 @@ def curves_dir() -> Path:
         pytest.skip(f"real curves not found at {CURVES} (set TRAINGUARD_CURVES or lay "
                     "../shared/data/curves beside the checkout)")
     return CURVES
+
+
+SAMPLES = ("aws-dev", "azure-research", "openshift-onprem")
+
+
+@pytest.fixture(scope="session")
+def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Synthesise every sample environment once per session, with the app cdktf.json names,
+    in its own process (a synth holds over a GB of memory; it is given back when the
+    process ends)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("cdktf.out")
+    env = {**os.environ, "CDKTF_OUTDIR": str(out),
+           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+    done = subprocess.run([sys.executable, "-m", "stacks"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def stacks(outdir: Path) -> dict[str, dict[str, Any]]:
+    """The synthesised Terraform JSON of each sample environment."""
+    import json
+
+    return {name: json.loads((outdir / "stacks" / name / "cdk.tf.json").read_text())
+            for name in SAMPLES}

@@ -523,17 +523,16 @@ def test_recorded_malformed_event_is_acknowledged(make_lambda: Any) -> None:
 
 # --- EventBridge and the package --------------------------------------------------------
 
-def _stack_rules() -> dict[str, Any]:
-    path = ROOT / "cdktf.out" / "stacks" / "aws-dev" / "cdk.tf.json"
-    if not path.exists():
-        pytest.skip(f"{path} not synthesised (run the stacks first)")
-    return dict(json.loads(path.read_text())["resource"]["aws_cloudwatch_event_rule"])
+def _stack_rules(stacks: dict[str, Any]) -> dict[str, Any]:
+    """The EventBridge rules of the synthesised aws-dev stack (the session's one synth)."""
+    return dict(stacks["aws-dev"]["resource"]["aws_cloudwatch_event_rule"])
 
 
-def test_real_events_match_the_stacks_event_pattern(moto_url: str) -> None:
+def test_real_events_match_the_stacks_event_pattern(moto_url: str,
+                                                    stacks: dict[str, Any]) -> None:
     """The stack's rule, put in moto's EventBridge with a queue as its target: the
     recorded state-change events reach the target, a scheduled event does not."""
-    rules = _stack_rules()
+    rules = _stack_rules(stacks)
     patterns = [r["event_pattern"] for r in rules.values() if r.get("event_pattern")]
     assert len(patterns) == 1, "one rule for job state changes"
     events, sqs = client("events", moto_url), client("sqs", moto_url)

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -32,35 +31,17 @@ from stacks import package
 from stacks.environment import ROOT, load_environment
 from stacks.prometheus_rules import rule_groups
 from stacks.signals import cloudwatch_pattern
+from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = ("aws-dev", "azure-research", "openshift-onprem")
+
 GOLDEN = Path(__file__).parent / "stacks_golden"
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 PROMTOOL = shutil.which("promtool")
 ASSET = re.compile(r"assets/package/[0-9A-F]{32}/")
 
 Stack = dict[str, Any]
-
-
-@pytest.fixture(scope="session")
-def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Synthesise every sample environment once, with the app cdktf.json names, in its own
-    process (a synth holds over a GB of memory; it is given back when the process ends)."""
-    out = tmp_path_factory.mktemp("cdktf.out")
-    env = {**os.environ, "CDKTF_OUTDIR": str(out),
-           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    done = subprocess.run([sys.executable, "-m", "stacks"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
-
-
-@pytest.fixture(scope="session")
-def stacks(outdir: Path) -> dict[str, Stack]:
-    return {name: json.loads((outdir / "stacks" / name / "cdk.tf.json").read_text())
-            for name in SAMPLES}
 
 
 def resources(stack: Stack, kind: str) -> dict[str, Any]:
