@@ -43,12 +43,12 @@ from cdktn_provider_aws.sns_topic_subscription import SnsTopicSubscription
 from cdktn_provider_aws.sqs_queue import SqsQueue
 from constructs import Construct
 
+from checker.logship import cloudwatch_pattern
 from checker.model import Action, Severity
 from checker.registry import rule_names
 from stacks import package
 from stacks.base import covers, local_state
 from stacks.environment import AwsEnvironment, Environment
-from stacks.signals import cloudwatch_pattern
 
 #: the findings metrics the Lambda publishes (EMF): coordinate with lambdas/aws
 NAMESPACE = "trainguard"

@@ -55,12 +55,12 @@ from cdktn_provider_azurerm.storage_account import (
 from cdktn_provider_azurerm.storage_table import StorageTable
 from constructs import Construct
 
+from checker.logship import kql_query
 from checker.model import Action, Severity
 from checker.registry import rule_names
 from checker.signatures import SIGNATURES
 from stacks.base import covers, local_state
 from stacks.environment import AzureEnvironment, Environment
-from stacks.signals import kql_query
 
 #: the custom metric lambdas/azure posts (Azure Monitor custom metrics REST API) on the
 #: Application Insights resource: dimensions rule and severity

@@ -37,11 +37,11 @@ from cdktn_provider_kubernetes.service_account_v1 import (
 )
 from constructs import Construct
 
+from checker.logship import fluentbit_rewrite_rules, logql_rule
 from checker.signatures import SIGNATURES
 from stacks.base import local_state
 from stacks.environment import Environment, OpenshiftEnvironment
 from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups
-from stacks.signals import fluentbit_rewrite_rules, logql_rule
 
 WATCHDOG = "trainguard"
 STATE_CONFIGMAP = "trainguard-state"

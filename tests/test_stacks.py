@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from checker.logship import cloudwatch_pattern
 from checker.model import Severity
 from checker.registry import rule_names
 from checker.signatures import SIGNATURES
 from stacks import package
 from stacks.environment import ROOT, load_environment
 from stacks.prometheus_rules import rule_groups
-from stacks.signals import cloudwatch_pattern
 from tests.conftest import SAMPLES
 
 pytestmark = pytest.mark.slow

@@ -16,26 +16,21 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from checker.logship import cloudwatch_pattern
 from checker.model import LogLine
-from checker.signatures import SIGNATURES, match
+from checker.signatures import match
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-MAX_PATTERN = 1024  # CloudWatch Logs' limit on a filter pattern
 OVERLAP_S = 120.0  # lines reach CloudWatch late; re-ask this much, drop what was seen
 KEEP_LINES = 200  # per job
 
 
 def filter_pattern() -> str:
-    """``?"a" ?"b" …``: any of the signatures' literal substrings (case-sensitive, as
-    CloudWatch matches terms)."""
-    literals = dict.fromkeys(lit for sig in SIGNATURES for lit in sig.literals)
-    pattern = " ".join('?"' + lit.replace('"', '\\"') + '"' for lit in literals)
-    if len(pattern) > MAX_PATTERN:
-        raise ValueError(f"filter pattern is {len(pattern)} characters, over CloudWatch's "
-                         f"{MAX_PATTERN}: shorten the signatures' literals")
-    return pattern
+    """The one CloudWatch filter pattern of the failure signatures, as the stacks'
+    subscription filter uses it (``checker.logship``)."""
+    return cloudwatch_pattern()
 
 
 def job_of(stream: str) -> str:
