@@ -382,3 +382,15 @@ def test_every_namespace_in_one_call_where_allowed(k8s: K8sReplay) -> None:
     assert set(jobs) == RUNNING
     assert jobs["research/pytorchjob/vit-sweep"].scope == "lab/research"
     assert k8s.count("GET", "/api/v1/namespaces") == 0
+
+
+def test_protect_label_is_the_default_policys_protect_tag(k8s: K8sReplay) -> None:
+    """``trainguard:protect`` cannot be a Kubernetes label key; ``trainguard.io/protect``
+    (label or annotation) is read as that tag, so the default policy protects the job."""
+    body = with_item(recording("pytorchjobs-ml-team.json"), "bert-ft",
+                     lambda item: item["metadata"].setdefault("labels", {}).update(
+                         {"trainguard.io/protect": "true"}))
+    k8s.add_json("GET", PTJ.format("ml-team"), body, query=PAGE)
+    job = listed(adapter_for(k8s))["ml-team/pytorchjob/bert-ft"]
+    assert job.tags["trainguard:protect"] == "true"
+    assert job.tags["trainguard.io/protect"] == "true"

@@ -252,5 +252,15 @@ class KubeflowAdapter(Adapter):
         return f"{self.console}/k8s/ns/{ns}/{kind.group}~{kind.version}~{kind.kind}/{name}"
 
 
+#: Kubernetes label keys cannot hold ``:``: ``trainguard.io/protect`` is read as the
+#: ``trainguard:protect`` tag the default policy knows (likewise any ``trainguard.io/X``).
+LABEL_PREFIX, TAG_PREFIX = "trainguard.io/", "trainguard:"
+
+
 def _labels(r: Reader) -> dict[str, str]:
-    return {str(k): str(v) for k, v in r.mapping("metadata", "labels").items()}
+    """The job's labels and annotations as tags (labels win on a clash)."""
+    tags = {str(k): str(v) for k, v in r.mapping("metadata", "annotations").items()}
+    tags.update({str(k): str(v) for k, v in r.mapping("metadata", "labels").items()})
+    for key in [k for k in tags if k.startswith(LABEL_PREFIX)]:
+        tags.setdefault(TAG_PREFIX + key[len(LABEL_PREFIX):], tags[key])
+    return tags
