@@ -1,0 +1,70 @@
+"""``Runtime``: what one Lambda container keeps between invocations (clients, policy,
+state store, idempotency records), built from ``Settings`` on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import boto3
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+)
+
+from adapters.sagemaker import SageMakerAdapter, from_options
+from checker.policy import Policy
+from lambdas.aws.dynamodb_state import DynamoDBStore
+from lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings
+from lambdas.aws.sinks import EmfWriter, SnsAlarmSink
+from lambdas.tick import AlarmSink
+from trainguard.policy import load_policy
+
+logger = Logger(service=SERVICE)  # powertools reuses the handler's logger by service name
+
+
+class Runtime:
+    def __init__(self, settings: Settings, session: boto3.Session | None = None) -> None:
+        self.settings = settings
+        session = session or boto3.Session(region_name=settings.region)
+        policy = load_policy(settings.policy_path)
+        if not settings.stop_enabled and not policy.safety.dry_run:
+            logger.warning(f"the policy allows stops but {STOP_ENABLED_ENV} is false: "
+                           "running in dry run")
+            policy = dataclasses.replace(
+                policy, safety=dataclasses.replace(policy.safety, dry_run=True))
+        self.policy: Policy = policy
+        dynamodb = session.client("dynamodb", region_name=settings.region)
+        self.store = DynamoDBStore(dynamodb, settings.table)
+        self.adapter: SageMakerAdapter = from_options(settings.sagemaker)
+        self.sns = (session.client("sns", region_name=settings.region)
+                    if settings.topic_arn else None)
+        self.metrics = EmfWriter()
+        # EventBridge deliveries are processed once per event id; the records share the
+        # state table under their own partition.
+        self.idempotency = IdempotencyConfig(event_key_jmespath="id",
+                                             raise_on_no_idempotency_key=True,
+                                             expires_after_seconds=settings.idempotency_ttl_s)
+        self.persistence = DynamoDBPersistenceLayer(
+            table_name=settings.table, key_attr="pk", sort_key_attr="sk",
+            static_pk_value="idempotency", expiry_attr="expires_at", boto3_client=dynamodb)
+
+    def sinks(self) -> list[AlarmSink]:
+        if self.sns is None or self.settings.topic_arn is None:
+            return []
+        return [SnsAlarmSink(self.sns, self.settings.topic_arn, self.policy.safety.dry_run)]
+
+
+_RUNTIME: dict[str, Runtime] = {}
+
+
+def runtime() -> Runtime:
+    if "rt" not in _RUNTIME:
+        _RUNTIME["rt"] = Runtime(Settings.from_env(os.environ))
+    return _RUNTIME["rt"]
+
+
+def reset() -> None:
+    """Forget the container's runtime (tests; a changed environment)."""
+    _RUNTIME.clear()
