@@ -50,13 +50,28 @@ from stacks import package
 from stacks.base import covers, local_state
 from stacks.environment import AwsEnvironment, Environment
 
-#: the findings metrics the Lambda publishes (EMF): coordinate with lambdas/aws
+#: the findings metrics the Lambda publishes (EMF); tests/test_seams.py holds them equal
+#: to what lambdas/aws/sinks.py emits
 NAMESPACE = "trainguard"
 FINDINGS = "Findings"  # dimensions: account, rule, severity; a count per tick
 SPEND = "SpendUSDPerHour"  # dimensions: account; the hourly burn of running jobs
 JOBS = "Jobs"  # dimensions: account, verdict; jobs per verdict per tick
 SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 BUDGET_UNITS = {"day": "DAILY", "month": "MONTHLY"}  # AWS Budgets has no weekly budget
+TTL_ATTRIBUTE = "expires_at"  # what lambdas/aws/dynamodb_state.py and the idempotency write
+#: the calls lambdas/aws/dynamodb_state.py and powertools' idempotency layer make on the
+#: table: GetItem, PutItem, UpdateItem, DeleteItem, Query, and TransactWriteItems of Puts
+#: (IAM checks a transaction's items against their own actions: PutItem). No Scan, no
+#: batch calls, no ConditionCheck items.
+STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                 "dynamodb:DeleteItem", "dynamodb:Query")
+
+
+def alarm_period(interval_minutes: int) -> int:
+    """A CloudWatch alarm's period on a metric published once a tick: at least one tick
+    (else the alarm flips to OK between two ticks that both saw a finding), at least
+    5 minutes, a whole number of minutes, at most a day (CloudWatch's limit)."""
+    return min(max(300, interval_minutes * 60), 86400)
 
 
 def _doc(*statements: dict[str, Any]) -> str:
@@ -85,7 +100,7 @@ class AwsStack(TerraformStack):
             hash_key="pk", range_key="sk",
             attribute=[DynamodbTableAttribute(name="pk", type="S"),
                        DynamodbTableAttribute(name="sk", type="S")],
-            ttl=DynamodbTableTtl(attribute_name="expires_at", enabled=True),
+            ttl=DynamodbTableTtl(attribute_name=TTL_ATTRIBUTE, enabled=True),
             point_in_time_recovery=DynamodbTablePointInTimeRecovery(enabled=True),
             server_side_encryption=DynamodbTableServerSideEncryption(
                 enabled=True, kms_key_arn=self.key.arn),
@@ -209,10 +224,7 @@ class AwsStack(TerraformStack):
             {"Sid": "OwnLogs", "Effect": "Allow",
              "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
              "Resource": f"{log_group.arn}:*"},
-            {"Sid": "State", "Effect": "Allow",
-             "Action": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                        "dynamodb:DeleteItem", "dynamodb:Query",
-                        "dynamodb:ConditionCheckItem"],
+            {"Sid": "State", "Effect": "Allow", "Action": list(STATE_ACTIONS),
              "Resource": self.table.arn},
             {"Sid": "Alarm", "Effect": "Allow", "Action": ["sns:Publish"],
              "Resource": self.topic.arn},
@@ -268,6 +280,7 @@ class AwsStack(TerraformStack):
         """One alarm per enabled rule and severity the policy acts on."""
         spec, policy = self.spec, self.env.policy
         actions = [self.topic.arn]
+        period = alarm_period(spec.tick.interval_minutes())
         for rule in rule_names():
             cfg = policy.rule(rule)
             if not cfg.enabled:
@@ -283,7 +296,7 @@ class AwsStack(TerraformStack):
                     namespace=NAMESPACE, metric_name=FINDINGS,
                     dimensions={"account": spec.account, "rule": rule,
                                 "severity": severity.value},
-                    statistic="Maximum", period=300, evaluation_periods=1,
+                    statistic="Maximum", period=period, evaluation_periods=1,
                     threshold=0, comparison_operator="GreaterThanThreshold",
                     treat_missing_data="notBreaching",
                     alarm_actions=actions, ok_actions=actions)

@@ -3,14 +3,16 @@ system-assigned identity, its storage account and state Table, Application Insig
 a Log Analytics workspace, a custom role on the Azure ML workspace holding only the job
 read (and, with stops enabled, cancel) actions, an Action Group with the environment's
 receivers, metric alerts on the findings metrics, scheduled query alerts from the log
-signatures and a consumption budget per policy budget."""
+signatures and a consumption budget per policy budget. The app's code is deployed by
+the stack: a reproducible zip (``stacks/package.py``'s ``FUNCTION``) as
+``zip_deploy_file``."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from cdktn import TerraformOutput, TerraformStack
+from cdktn import AssetType, TerraformAsset, TerraformOutput, TerraformStack
 from cdktn_provider_azurerm.application_insights import ApplicationInsights
 from cdktn_provider_azurerm.consumption_budget_subscription import (
     ConsumptionBudgetSubscription,
@@ -59,22 +61,40 @@ from checker.logship import kql_query
 from checker.model import Action, Severity
 from checker.registry import rule_names
 from checker.signatures import SIGNATURES
+from stacks import package
 from stacks.base import covers, local_state
 from stacks.environment import AzureEnvironment, Environment
 
 #: the custom metric lambdas/azure posts (Azure Monitor custom metrics REST API) on the
-#: Application Insights resource: dimensions rule and severity
+#: Application Insights resource: dimensions rule and severity (tests/test_seams.py
+#: holds these equal to lambdas/azure/sinks.py)
 METRIC_NAMESPACE = "trainguard"
 FINDINGS = "Findings"
+DIMENSIONS = ("rule", "severity")
 AZURE_SEVERITY = {Severity.CRITICAL: 1, Severity.WARNING: 2}  # 0 is kept for outages
 ML_READ = (
     "Microsoft.MachineLearningServices/workspaces/read",
     "Microsoft.MachineLearningServices/workspaces/jobs/read",
     "Microsoft.MachineLearningServices/workspaces/experiments/read",
     "Microsoft.MachineLearningServices/workspaces/experiments/runs/read",  # MLflow metrics
+    # the adapter reads a job's compute for its VM size and count (the price)
+    "Microsoft.MachineLearningServices/workspaces/computes/read",
 )
 ML_CANCEL = "Microsoft.MachineLearningServices/workspaces/jobs/cancel/action"
 MAX_BUDGET_NOTIFICATIONS = 5  # Azure's limit per budget
+#: the window sizes a metric alert may have (minutes -> ISO 8601), shortest first
+ALERT_WINDOWS = ((1, "PT1M"), (5, "PT5M"), (15, "PT15M"), (30, "PT30M"), (60, "PT1H"),
+                 (360, "PT6H"), (720, "PT12H"), (1440, "P1D"))
+
+
+def alert_window(interval_minutes: int) -> tuple[str, str]:
+    """(frequency, window) of a metric alert on a metric published once a tick: the
+    window spans at least one tick, so the alert neither misses a finding nor resolves
+    between two ticks that both saw it (the longest window when ticks are further
+    apart than a day)."""
+    window = next((iso for m, iso in ALERT_WINDOWS if m >= interval_minutes),
+                  ALERT_WINDOWS[-1][1])
+    return ("PT1M" if window == "PT1M" else "PT5M"), window
 
 
 def _suffix(*parts: str) -> str:
@@ -119,7 +139,7 @@ class AzureStack(TerraformStack):
             tags=tags)
         self.table = StorageTable(self, "state", name="trainguardstate",
                                   storage_account_id=self.storage.id)
-        self.function = self._function(f"trainguard-{spec.name}-{suffix}")
+        self.function = self._function(f"trainguard-{spec.name}-{suffix}", build_dir)
         self._roles()
         self.action_group = self._action_group()
         self._metric_alerts()
@@ -130,8 +150,12 @@ class AzureStack(TerraformStack):
 
     # --- the function -------------------------------------------------------------------
 
-    def _function(self, name: str) -> LinuxFunctionApp:
+    def _function(self, name: str, build_dir: Path) -> LinuxFunctionApp:
         spec = self.spec
+        zipped = package.FUNCTION.build(self.env.policy_path,
+                                        build_dir / f"{spec.name}-function.zip")
+        asset = TerraformAsset(self, "package", path=str(zipped.path), type=AssetType.FILE)
+        webhooks = spec.alarms.webhooks
         plan = ServicePlan(self, "plan", name=f"trainguard-{spec.name}",
                            resource_group_name=self.group.name,
                            location=self.group.location, os_type="Linux", sku_name="Y1",
@@ -141,16 +165,24 @@ class AzureStack(TerraformStack):
             location=self.group.location, service_plan_id=plan.id,
             storage_account_name=self.storage.name, storage_uses_managed_identity=True,
             identity=LinuxFunctionAppIdentity(type="SystemAssigned"),
-            https_only=True, public_network_access_enabled=False,
+            https_only=True,
+            # Deploying the zip goes through the app's SCM (Kudu) endpoint, so the app
+            # cannot be closed to the network; its own site denies every request
+            # instead (a timer needs none), and FTP is off.
+            public_network_access_enabled=True, ftp_publish_basic_authentication_enabled=False,
             functions_extension_version="~4",
+            zip_deploy_file=asset.path,
             site_config=LinuxFunctionAppSiteConfig(
                 application_stack=LinuxFunctionAppSiteConfigApplicationStack(
                     python_version="3.11"),
                 application_insights_connection_string=self.insights.connection_string,
-                ftps_state="Disabled", minimum_tls_version="1.2", http2_enabled=True),
+                ftps_state="Disabled", minimum_tls_version="1.2", http2_enabled=True,
+                ip_restriction_default_action="Deny", scm_minimum_tls_version="1.2"),
             app_settings={
-                "TRAINGUARD_ENVIRONMENT": spec.name,
-                "TRAINGUARD_POLICY": "policy.yaml",
+                # The zip is complete (wheels under .python_packages): no build on deploy.
+                "SCM_DO_BUILD_DURING_DEPLOYMENT": "false",
+                "ENABLE_ORYX_BUILD": "false",
+                "TRAINGUARD_POLICY": package.POLICY_NAME,
                 # The timer trigger reads its NCRONTAB schedule from this setting.
                 "TRAINGUARD_SCHEDULE": spec.tick.ncrontab(),
                 "TRAINGUARD_STATE_TABLE_URL":
@@ -163,6 +195,9 @@ class AzureStack(TerraformStack):
                 # the metric alerts watch.
                 "TRAINGUARD_METRICS_RESOURCE_ID": self.insights.id,
                 "TRAINGUARD_METRICS_REGION": self.group.location,
+                # The message a person reads, to the environment's first webhook (the
+                # Action Group's alerts say which rule fires, this says which job).
+                **({"TRAINGUARD_WEBHOOK_URL": webhooks[0].url} if webhooks else {}),
             },
             tags=self.tags)
 
@@ -217,6 +252,7 @@ class AzureStack(TerraformStack):
     def _metric_alerts(self) -> None:
         """One alert per severity, split by rule (each rule's series alerts on its own)."""
         policy = self.env.policy
+        frequency, window = alert_window(self.spec.tick.interval_minutes())
         for severity in self._acted_on():
             rules = [r for r in rule_names() if policy.rule(r).enabled
                      and policy.rule(r).actions.get(severity, Action.NONE) is not Action.NONE]
@@ -225,16 +261,17 @@ class AzureStack(TerraformStack):
                 name=f"trainguard-{self.spec.name}-findings-{severity.value}",
                 resource_group_name=self.group.name, scopes=[self.insights.id],
                 description=f"trainguard: {severity.value} findings per rule",
-                severity=AZURE_SEVERITY[severity], frequency="PT5M", window_size="PT5M",
+                severity=AZURE_SEVERITY[severity], frequency=frequency, window_size=window,
                 criteria=[MonitorMetricAlertCriteria(
                     metric_namespace=METRIC_NAMESPACE, metric_name=FINDINGS,
                     aggregation="Maximum", operator="GreaterThan", threshold=0,
                     skip_metric_validation=True,  # the metric exists once first published
                     dimension=[
                         MonitorMetricAlertCriteriaDimension(
-                            name="rule", operator="Include", values=rules),
+                            name=DIMENSIONS[0], operator="Include", values=rules),
                         MonitorMetricAlertCriteriaDimension(
-                            name="severity", operator="Include", values=[severity.value])])],
+                            name=DIMENSIONS[1], operator="Include",
+                            values=[severity.value])])],
                 action=[MonitorMetricAlertAction(action_group_id=self.action_group.id)],
                 tags=self.tags)
 

@@ -13,6 +13,7 @@ Every problem is reported as ``FILE:LINE: FIELD: reason``, all at once.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -119,6 +120,41 @@ class Schedule:
     def ncrontab(self) -> str:
         """Azure Functions timer: six fields, seconds first."""
         return "0 " + self.standard_cron()
+
+    def interval_minutes(self) -> int:
+        """The longest wait between two ticks, in minutes: what an alert on the
+        watchdog's output must span (a metric published once a tick, a heartbeat). A
+        cron restricting the day of month or the month counts as a month."""
+        if self.minutes is not None:
+            return self.minutes
+        mi, h, dom, mon, dow = (self.cron or "").split()
+        if dom != "*" or mon != "*":
+            return 31 * 24 * 60
+        week = [d * 1440 + hh * 60 + m for d in sorted(_expand(dow, 0, 7, sunday=True))
+                for hh in sorted(_expand(h, 0, 23)) for m in sorted(_expand(mi, 0, 59))]
+        if not week:
+            raise ValueError(f"cron({self.cron}) never fires")
+        week.sort()
+        gaps = [b - a for a, b in itertools.pairwise(week)]
+        return max([*gaps, week[0] + 7 * 1440 - week[-1]])
+
+
+def _expand(field: str, low: int, high: int, sunday: bool = False) -> set[int]:
+    """The values one cron field names: ``*``, ``N``, ``A-B``, each with ``/STEP``,
+    comma-separated. Day of week 7 is Sunday (0)."""
+    out: set[int] = set()
+    for part in field.split(","):
+        rng, _, step = part.partition("/")
+        if rng == "*":
+            a, b = low, (6 if sunday else high)
+        elif "-" in rng:
+            a, b = (int(x) for x in rng.split("-", 1))
+        else:
+            a = b = int(rng)
+        if not (low <= a <= b <= high):
+            raise ValueError(f"cron field {field!r}: {part!r} is outside {low}-{high}")
+        out.update(range(a, b + 1, int(step) if step else 1))
+    return {0 if sunday and v == 7 else v for v in out}
 
 
 # ---------------------------------------------------------------------------- models
@@ -246,6 +282,14 @@ class Smtp(BaseModel):
     sender: Email
 
 
+class StateVolume(BaseModel):
+    """The PersistentVolumeClaim holding the SQLite state (``state: sqlite``)."""
+
+    model_config = _STRICT
+    size: str = Field(default="1Gi", pattern=r"^[1-9][0-9]*(Mi|Gi)$")
+    storage_class: str | None = None  # default: the cluster's default class
+
+
 class OpenshiftEnvironment(Common):
     cloud: ClassVar[str] = "openshift"
     cluster: K8sName
@@ -261,6 +305,13 @@ class OpenshiftEnvironment(Common):
     alertmanager_url: str = (
         "https://alertmanager-user-workload.openshift-user-workload-monitoring.svc:9095")
     pushgateway_url: str | None = None
+    console_url: str | None = Field(default=None, pattern=r"^https://[^\s]+$")
+    #: how a stop is made: suspend the job (patch) or delete it (delete); each grants
+    #: only its own verb, and only with stop_enabled
+    stop_mode: Literal["suspend", "delete"] = "suspend"
+    remind_every_minutes: int = Field(default=360, ge=5, le=7 * 24 * 60)
+    state: Literal["configmap", "sqlite"] = "configmap"
+    state_volume: StateVolume = Field(default_factory=StateVolume)
 
 
 #: cloud name -> its environment model
@@ -317,7 +368,38 @@ def _cross_checks(spec: Common, path: Path, lines: dict[Loc, int], filename: str
             spec.tick.standard_cron()
         except ValueError as e:
             problem(("schedule",), str(e))
+    try:
+        spec.tick.interval_minutes()
+    except ValueError as e:
+        problem(("schedule",), str(e))
     return out
+
+
+#: a Kubernetes label (or annotation) key: an optional DNS subdomain prefix and a name
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+#: the policy's default protect tag; the Kubeflow adapter reads the label
+#: ``trainguard.io/protect`` as this tag (Kubernetes keys cannot hold ':')
+DEFAULT_PROTECT_TAG = "trainguard:protect"
+
+
+def label_safe(key: str) -> bool:
+    prefix, _, _ = key.rpartition("/")
+    return bool(_LABEL_KEY.match(key)) and len(prefix) <= 253
+
+
+def _policy_checks(spec: Common, policy: Policy, lines: dict[Loc, int], filename: str
+                   ) -> list[Problem]:
+    """What the environment needs of its policy."""
+    tag = policy.safety.protect_tag
+    if isinstance(spec, OpenshiftEnvironment) and tag != DEFAULT_PROTECT_TAG \
+            and not label_safe(tag):
+        return [Problem(filename, _line_of(("policy",), lines), "policy",
+                        f"{spec.policy}: safety.protect_tag {tag!r} cannot be a Kubernetes "
+                        f"label key, so no job could carry it: use a label key such as "
+                        f"'example.com/protect', or the default {DEFAULT_PROTECT_TAG!r} "
+                        "(set as the label trainguard.io/protect)")]
+    return []
 
 
 def load_environment(path: str | Path, root: Path = ROOT) -> Environment:
@@ -365,6 +447,8 @@ def load_environment(path: str | Path, root: Path = ROOT) -> Environment:
                                     f"{spec.policy} is not a valid policy (below)"))
             problems.extend(Problem(_display(Path(p.file)), p.line, p.field, p.reason)
                             for p in e.problems)
+    if policy is not None:
+        problems.extend(_policy_checks(spec, policy, lines, filename))
     if problems or policy is None:
         raise EnvironmentFileError(problems)
     return Environment(path=path, spec=spec, policy=policy, policy_path=policy_path)

@@ -1,8 +1,14 @@
 """The OpenShift stack (kubernetes and helm providers): the watchdog CronJob in its own
 namespace with a ServiceAccount and namespaced RBAC, the policy as a ConfigMap, the
-state ConfigMap, and per watched namespace the PrometheusRules, PodMonitors and an
-AlertmanagerConfig; log shipping through OpenShift Logging to a LokiStack (with Loki
-ruler alerts from the signatures) or through a Fluent Bit Helm release."""
+state ConfigMap (or a volume for SQLite state), and per watched namespace the
+PrometheusRules, PodMonitors and an AlertmanagerConfig; an alert on the watchdog's own
+heartbeat when it pushes to a Pushgateway; log shipping through OpenShift Logging to a
+LokiStack (with Loki ruler alerts from the signatures) or through a Fluent Bit Helm
+release.
+
+The CronJob runs ``python -m lambdas.k8s`` (``COMMAND``) with the settings
+``lambdas/k8s/cronjob.py`` reads (``cron_env``); tests/test_seams.py holds the two
+sides together."""
 
 from __future__ import annotations
 
@@ -23,6 +29,12 @@ from cdktn_provider_kubernetes.cluster_role_binding_v1 import (
 from cdktn_provider_kubernetes.config_map_v1 import ConfigMapV1, ConfigMapV1Metadata
 from cdktn_provider_kubernetes.manifest import Manifest
 from cdktn_provider_kubernetes.namespace_v1 import NamespaceV1, NamespaceV1Metadata
+from cdktn_provider_kubernetes.persistent_volume_claim_v1 import (
+    PersistentVolumeClaimV1,
+    PersistentVolumeClaimV1Metadata,
+    PersistentVolumeClaimV1Spec,
+    PersistentVolumeClaimV1SpecResources,
+)
 from cdktn_provider_kubernetes.provider import KubernetesProvider
 from cdktn_provider_kubernetes.role_binding_v1 import (
     RoleBindingV1,
@@ -41,19 +53,61 @@ from checker.logship import fluentbit_rewrite_rules, logql_rule
 from checker.signatures import SIGNATURES
 from stacks.base import local_state
 from stacks.environment import Environment, OpenshiftEnvironment
-from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups
+from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups, watchdog_rules
 
 WATCHDOG = "trainguard"
 STATE_CONFIGMAP = "trainguard-state"
 POLICY_CONFIGMAP = "trainguard-policy"
 POLICY_MOUNT = "/etc/trainguard"
-SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # token, and OpenShift's service CA
+STATE_MOUNT = "/var/lib/trainguard"  # the Containerfile's volume, for SQLite state
+STATE_FILE = "state.sqlite"
+STATE_CLAIM = "trainguard-state"  # the PersistentVolumeClaim of SQLite state
+COMMAND = ["python", "-m", "lambdas.k8s"]  # the entry point, said here, not left to the image
 METRICS_LABEL = "trainguard.io/metrics"  # training pods with this label are scraped
 #: the kinds the watchdog reads, and suspends (patch) when stops are enabled
 JOB_KINDS = (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org", "trainjobs"))
 FLUENT_BIT_CHART = ("https://fluent.github.io/helm-charts", "fluent-bit", "0.47.10")
 DCGM = {"namespace": "nvidia-gpu-operator", "app": "nvidia-dcgm-exporter",
         "port": "gpu-metrics"}
+#: the verb each stop mode uses on the job kinds (adapters/kubeflow: a merge patch that
+#: suspends, or a delete)
+STOP_VERBS = {"suspend": "patch", "delete": "delete"}
+
+
+def job_verbs(spec: OpenshiftEnvironment) -> list[str]:
+    """What the watchdog may do to the job kinds: read them, and with stops enabled the
+    one verb its stop mode needs."""
+    return ["get", "list", "watch", *([STOP_VERBS[spec.stop_mode]] if spec.stop_enabled
+                                      else [])]
+
+
+def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
+    """The CronJob's environment: every option of ``lambdas/k8s/cronjob.py`` the
+    deployment decides (the rest keep the entry point's defaults)."""
+    state = ({"TRAINGUARD_STATE_SQLITE": f"{STATE_MOUNT}/{STATE_FILE}"}
+             if spec.state == "sqlite" else
+             {"TRAINGUARD_STATE_CONFIGMAP": f"{spec.namespace}/{STATE_CONFIGMAP}"})
+    optional = {"TRAINGUARD_PUSHGATEWAY_URL": spec.pushgateway_url,
+                "TRAINGUARD_CONSOLE_URL": spec.console_url}
+    return {
+        "TRAINGUARD_ENVIRONMENT": spec.name,
+        "TRAINGUARD_POLICY": f"{POLICY_MOUNT}/policy.yaml",
+        "TRAINGUARD_CLUSTER": spec.cluster,
+        "TRAINGUARD_NAMESPACES": ",".join(spec.watch_namespaces),
+        **state,
+        "TRAINGUARD_STOP_ENABLED": "true" if spec.stop_enabled else "false",
+        "TRAINGUARD_STOP_MODE": spec.stop_mode,
+        "TRAINGUARD_REMIND_EVERY": str(spec.remind_every_minutes * 60),
+        "TRAINGUARD_PROMETHEUS_URL": spec.prometheus_url,
+        "TRAINGUARD_ALERTMANAGER_URL": spec.alertmanager_url,
+        # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
+        "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
+        "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+        "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
+        "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+        **{k: v for k, v in optional.items() if v},
+    }
 
 
 class OpenshiftStack(TerraformStack):
@@ -91,6 +145,17 @@ class OpenshiftStack(TerraformStack):
         ConfigMapV1(self, "policy", metadata=ConfigMapV1Metadata(
             name=POLICY_CONFIGMAP, namespace=self.ns, labels=self.labels),
             data={"policy.yaml": self.env.policy_path.read_text(encoding="utf-8")})
+        if self.spec.state == "sqlite":
+            # The state file's volume; not bound until the first pod (WaitForFirstConsumer).
+            vol = self.spec.state_volume
+            PersistentVolumeClaimV1(self, "state", metadata=PersistentVolumeClaimV1Metadata(
+                name=STATE_CLAIM, namespace=self.ns, labels=self.labels),
+                spec=PersistentVolumeClaimV1Spec(
+                    access_modes=["ReadWriteOnce"], storage_class_name=vol.storage_class,
+                    resources=PersistentVolumeClaimV1SpecResources(
+                        requests={"storage": vol.size})),
+                wait_until_bound=False)
+            return
         # The watchdog may only get and update this one object (RBAC cannot limit
         # "create" by name), so the stack creates it; its data is the watchdog's.
         ConfigMapV1(self, "state", metadata=ConfigMapV1Metadata(
@@ -99,17 +164,17 @@ class OpenshiftStack(TerraformStack):
 
     def _rbac(self) -> None:
         spec = self.spec
-        job_verbs = ["get", "list", "watch", *(["patch"] if spec.stop_enabled else [])]
-        rules = [RoleV1Rule(api_groups=[group], resources=[plural], verbs=job_verbs)
+        rules = [RoleV1Rule(api_groups=[group], resources=[plural], verbs=job_verbs(spec))
                  for group, plural in JOB_KINDS]
         rules.append(RoleV1Rule(api_groups=[""], resources=["pods"],
                                 verbs=["get", "list", "watch"]))
         subject = {"kind": "ServiceAccount", "name": WATCHDOG, "namespace": spec.namespace}
         for ns in spec.watch_namespaces:
             self._role(f"jobs_{ns}", ns, rules, subject)
-        self._role("state", self.ns, [RoleV1Rule(
-            api_groups=[""], resources=["configmaps"], resource_names=[STATE_CONFIGMAP],
-            verbs=["get", "update"])], subject)
+        if spec.state == "configmap":
+            self._role("state", self.ns, [RoleV1Rule(
+                api_groups=[""], resources=["configmaps"], resource_names=[STATE_CONFIGMAP],
+                verbs=["get", "update"])], subject)
 
     def _role(self, rid: str, ns: str, rules: list[RoleV1Rule], subject: dict[str, str]
               ) -> None:
@@ -124,27 +189,32 @@ class OpenshiftStack(TerraformStack):
 
     def _cron_job(self) -> None:
         spec = self.spec
-        env = {
-            "TRAINGUARD_ENVIRONMENT": spec.name,
-            "TRAINGUARD_POLICY": f"{POLICY_MOUNT}/policy.yaml",
-            "TRAINGUARD_CLUSTER": spec.cluster,
-            "TRAINGUARD_NAMESPACES": ",".join(spec.watch_namespaces),
-            "TRAINGUARD_STATE_CONFIGMAP": f"{spec.namespace}/{STATE_CONFIGMAP}",
-            "TRAINGUARD_STOP_ENABLED": "true" if spec.stop_enabled else "false",
-            "TRAINGUARD_PROMETHEUS_URL": spec.prometheus_url,
-            "TRAINGUARD_ALERTMANAGER_URL": spec.alertmanager_url,
-            # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
-            "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
-            "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
-            "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
-            "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
-            **({"TRAINGUARD_PUSHGATEWAY_URL": spec.pushgateway_url}
-               if spec.pushgateway_url else {}),
-        }
+        env = cron_env(spec)
+        mounts = [cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
+                      name="policy", mount_path=POLICY_MOUNT, read_only=True),
+                  cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
+                      name="tmp", mount_path="/tmp")]
+        volumes = [
+            cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
+                name="policy",
+                config_map=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeConfigMap(
+                    name=POLICY_CONFIGMAP)),
+            cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
+                name="tmp",
+                empty_dir=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeEmptyDir(
+                    size_limit="64Mi"))]
+        if spec.state == "sqlite":
+            mounts.append(cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
+                name="state", mount_path=STATE_MOUNT))
+            volumes.append(cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
+                name="state",
+                persistent_volume_claim=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumePersistentVolumeClaim(
+                    claim_name=STATE_CLAIM)))
         seccomp = cj.CronJobV1SpecJobTemplateSpecTemplateSpecSecurityContextSeccompProfile(
             type="RuntimeDefault")
         container = cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainer(
             name="watchdog", image=spec.image, image_pull_policy="IfNotPresent",
+            command=COMMAND,
             env=[cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerEnv(name=k, value=v)
                  for k, v in env.items()],
             security_context=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerSecurityContext(
@@ -157,26 +227,13 @@ class OpenshiftStack(TerraformStack):
             resources=cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerResources(
                 requests={"cpu": "100m", "memory": "256Mi"},
                 limits={"cpu": "1", "memory": "1Gi"}),
-            volume_mount=[
-                cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
-                    name="policy", mount_path=POLICY_MOUNT, read_only=True),
-                cj.CronJobV1SpecJobTemplateSpecTemplateSpecContainerVolumeMount(
-                    name="tmp", mount_path="/tmp")])
+            volume_mount=mounts)
         pod = cj.CronJobV1SpecJobTemplateSpecTemplateSpec(
             service_account_name=self.sa.metadata.name, restart_policy="Never",
             # No runAsUser: OpenShift's restricted-v2 SCC assigns an arbitrary one.
             security_context=cj.CronJobV1SpecJobTemplateSpecTemplateSpecSecurityContext(
                 run_as_non_root=True, seccomp_profile=seccomp),
-            container=[container],
-            volume=[
-                cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
-                    name="policy",
-                    config_map=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeConfigMap(
-                        name=POLICY_CONFIGMAP)),
-                cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolume(
-                    name="tmp",
-                    empty_dir=cj.CronJobV1SpecJobTemplateSpecTemplateSpecVolumeEmptyDir(
-                        size_limit="64Mi"))])
+            container=[container], volume=volumes)
         cj.CronJobV1(self, "watchdog", metadata=cj.CronJobV1Metadata(
             name=WATCHDOG, namespace=self.ns, labels=self.labels),
             spec=cj.CronJobV1Spec(
@@ -238,6 +295,12 @@ class OpenshiftStack(TerraformStack):
                                                         "interval": f"{SCRAPE_SECONDS}s"}]})
             self._manifest(f"alertmanager_config_{rid}", "monitoring.coreos.com/v1beta1",
                            "AlertmanagerConfig", WATCHDOG, ns, amc)
+        if spec.pushgateway_url:
+            # The watchdog's heartbeat: its Pushgateway metrics, scraped by the user
+            # workload monitoring in its own namespace, stop moving when it stops.
+            self._manifest("watchdog_rules", "monitoring.coreos.com/v1", "PrometheusRule",
+                           f"{WATCHDOG}-watchdog", spec.namespace,
+                           watchdog_rules(spec.name, spec.tick.interval_minutes() * 60))
         self._manifest("dcgm_metrics", "monitoring.coreos.com/v1", "PodMonitor",
                        f"{WATCHDOG}-dcgm", DCGM["namespace"], {
                            "selector": {"matchLabels": {"app": DCGM["app"]}},

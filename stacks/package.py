@@ -1,14 +1,17 @@
-"""The AWS Lambda package: a reproducible zip of the watchdog's code, one environment's
-policy and the wheels the Lambda needs beyond the runtime's own boto3.
+"""Reproducible zips of the watchdog: the AWS Lambda package (``LAMBDA``) and the Azure
+Function App package (``FUNCTION``). Both hold the repository's code, one environment's
+policy and the pinned wheels their runtime needs; they differ in where the wheels go,
+which extra files lie at the root and the size limit (``Package`` below).
 
 Reproducible: entries are sorted, every timestamp is 1980-01-01, every mode 0644, and
-the wheels are pinned exactly (``--no-deps``: the list below is the whole closure), so
-the same commit and policy give the same bytes, and the asset hash changes only when
-the code, the policy or a pin does. Wheels are downloaded once for
-``manylinux2014_x86_64`` / CPython 3.11 into a cache (``TRAINGUARD_WHEEL_CACHE``, default
-``.tools/wheels``); later builds are offline.
+the wheels are pinned exactly (``--no-deps``: each list is its whole closure), so the
+same commit and policy give the same bytes, and the asset hash changes only when the
+code, the policy or a pin does. Wheels are downloaded once for ``manylinux2014_x86_64``
+/ CPython 3.11 into a cache (``TRAINGUARD_WHEEL_CACHE``, default ``.tools/wheels``);
+later builds are offline.
 
-``python -m stacks.package POLICY [OUT.zip]`` builds one and prints its size.
+``python -m stacks.package [lambda|function] POLICY [OUT.zip]`` builds one and prints
+its size.
 """
 
 from __future__ import annotations
@@ -23,25 +26,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAMBDA_LIMIT_BYTES = 50 * 1024 * 1024  # direct-upload limit of a zipped Lambda package
-POLICY_NAME = "policy.yaml"  # where the environment's policy lands in the package
-HANDLER = "lambdas.aws.handler"
-
-#: the whole wheel closure of the Lambda beyond boto3 (exact pins: reproducible builds)
-WHEELS = (
-    "numpy==2.2.6",
-    "pyyaml==6.0.4",
-    "pydantic==2.14.4",
-    "pydantic-core==2.50.5",
-    "annotated-types==0.8.0",
-    "typing-extensions==4.16.0",
-    "typing-inspection==0.4.5",
-    "aws-lambda-powertools==3.37.0",
-    "jmespath==1.1.0",
-)
+POLICY_NAME = "policy.yaml"  # where the environment's policy lands in either package
+HANDLER = "lambdas.aws.handler"  # the Lambda's handler: the module's ``handler``
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--only-binary=:all:",
             "--python-version", "3.11", "--implementation", "cp")
 
-#: the repository's code in the package: folders whole, single files, and data
+#: the repository's code in both packages: folders whole, single files, and data
 CODE = ("checker", "adapters", "lambdas", "trainguard/__init__.py", "trainguard/policy.py",
         "trainguard/data")
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -49,7 +39,7 @@ _SKIP_PARTS = {"__pycache__", "tests"}  # bytecode and the wheels' own test suit
 
 
 @dataclass(frozen=True)
-class Package:
+class Built:
     path: Path
     size: int  # bytes, zipped
     files: int
@@ -59,34 +49,15 @@ def wheel_cache() -> Path:
     return Path(os.environ.get("TRAINGUARD_WHEEL_CACHE", ROOT / ".tools" / "wheels"))
 
 
-def _wheel_present(cache: Path, pin: str) -> bool:
+def _stem(pin: str) -> tuple[str, str]:
     name, version = pin.split("==")
-    stem = name.replace("-", "_").lower()
-    return any(p.name.lower().startswith(f"{stem}-{version}-") for p in cache.glob("*.whl"))
+    return name.replace("-", "_").lower(), version
 
 
-def fetch_wheels(cache: Path | None = None) -> list[Path]:
-    """The pinned wheels, downloaded into the cache when missing."""
-    cache = cache or wheel_cache()
-    cache.mkdir(parents=True, exist_ok=True)
-    missing = [w for w in WHEELS if not _wheel_present(cache, w)]
-    if missing:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--dest", str(cache), *PLATFORM, *missing]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"cannot download the Lambda's wheels into {cache} "
-                               f"({', '.join(missing)}): {done.stderr.strip()[-500:]}")
-    wheels = []
-    for pin in WHEELS:
-        name, version = pin.split("==")
-        stem = name.replace("-", "_").lower()
-        found = sorted(p for p in cache.glob("*.whl")
-                       if p.name.lower().startswith(f"{stem}-{version}-"))
-        if not found:
-            raise RuntimeError(f"wheel {pin} missing from {cache} after download")
-        wheels.append(found[0])
-    return wheels
+def _matches(cache: Path, pin: str) -> list[Path]:
+    stem, version = _stem(pin)
+    return sorted(p for p in cache.glob("*.whl")
+                  if p.name.lower().startswith(f"{stem}-{version}-"))
 
 
 def _code_files(root: Path) -> Iterator[tuple[str, Path]]:
@@ -107,41 +78,204 @@ def _entry(name: str) -> zipfile.ZipInfo:
     return info
 
 
-def build(policy: Path, out: Path, root: Path = ROOT, cache: Path | None = None) -> Package:
-    """Write the package for ``policy`` to ``out``; same inputs, same bytes."""
-    entries: dict[str, bytes] = {}
-    for name, path in _code_files(root):
-        entries[name] = path.read_bytes()
-    entries[POLICY_NAME] = policy.read_bytes()
-    for wheel in fetch_wheels(cache):
-        with zipfile.ZipFile(wheel) as whl:
-            for info in whl.infolist():
-                parts = info.filename.split("/")
-                if info.is_dir() or not _SKIP_PARTS.isdisjoint(parts[:-1]) \
-                        or info.filename.endswith(".pyc"):
-                    continue
-                if info.filename in entries:
-                    raise RuntimeError(f"{wheel.name}: {info.filename} is also in the code")
-                entries[info.filename] = whl.read(info)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w") as zf:
-        for name in sorted(entries):
-            zf.writestr(_entry(name), entries[name], compresslevel=6)
-    tmp.replace(out)
-    size = out.stat().st_size
-    if size > LAMBDA_LIMIT_BYTES:
-        raise RuntimeError(f"{out}: the Lambda package is {size / 2**20:.1f} MiB, over the "
-                           f"{LAMBDA_LIMIT_BYTES / 2**20:.0f} MiB limit of a zipped upload")
-    return Package(path=out, size=size, files=len(entries))
+class Package:
+    """One kind of package. A subclass says what differs: its wheels, the folder they
+    are unpacked into, the files laid at the zip's root and the size limit."""
+
+    kind = ""  # a word for messages and the command line
+    wheels: tuple[str, ...] = ()  # exact pins, the whole closure
+    site: str = ""  # where wheels are unpacked inside the zip ("" = the root)
+    limit_bytes: int | None = None  # refuse a bigger zip
+    root_files: tuple[tuple[str, str], ...] = ()  # (name in the zip, repository path)
+
+    def fetch_wheels(self, cache: Path | None = None) -> list[Path]:
+        """The pinned wheels, downloaded into the cache when missing."""
+        cache = cache or wheel_cache()
+        cache.mkdir(parents=True, exist_ok=True)
+        missing = [w for w in self.wheels if not _matches(cache, w)]
+        if missing:
+            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                   "--dest", str(cache), *PLATFORM, *missing]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"cannot download the {self.kind} package's wheels into "
+                                   f"{cache} ({', '.join(missing)}): "
+                                   f"{done.stderr.strip()[-500:]}")
+        wheels = []
+        for pin in self.wheels:
+            found = _matches(cache, pin)
+            if not found:
+                raise RuntimeError(f"wheel {pin} missing from {cache} after download")
+            wheels.append(found[0])
+        return wheels
+
+    def entries(self, policy: Path, root: Path, cache: Path | None) -> dict[str, bytes]:
+        entries = {name: path.read_bytes() for name, path in _code_files(root)}
+        for name, rel in self.root_files:
+            entries[name] = (root / rel).read_bytes()
+        entries[POLICY_NAME] = policy.read_bytes()
+        prefix = f"{self.site}/" if self.site else ""
+        for wheel in self.fetch_wheels(cache):
+            with zipfile.ZipFile(wheel) as whl:
+                for info in whl.infolist():
+                    parts = info.filename.split("/")
+                    if info.is_dir() or not _SKIP_PARTS.isdisjoint(parts[:-1]) \
+                            or info.filename.endswith(".pyc"):
+                        continue
+                    name, data = prefix + info.filename, whl.read(info)
+                    if name in entries and entries[name] != data:
+                        raise RuntimeError(f"{wheel.name}: {name} is also in the code or "
+                                           "another wheel, with other bytes")
+                    entries[name] = data
+        return entries
+
+    def build(self, policy: Path, out: Path, root: Path = ROOT,
+              cache: Path | None = None) -> Built:
+        """Write the package for ``policy`` to ``out``; same inputs, same bytes."""
+        entries = self.entries(policy, root, cache)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w") as zf:
+            for name in sorted(entries):
+                zf.writestr(_entry(name), entries[name], compresslevel=6)
+        tmp.replace(out)
+        size = out.stat().st_size
+        if self.limit_bytes is not None and size > self.limit_bytes:
+            raise RuntimeError(f"{out}: the {self.kind} package is {size / 2**20:.1f} MiB, "
+                               f"over its {self.limit_bytes / 2**20:.0f} MiB limit")
+        return Built(path=out, size=size, files=len(entries))
+
+
+class LambdaPackage(Package):
+    """The AWS Lambda: wheels at the root beside the code (Lambda puts the zip's root on
+    ``sys.path``); boto3 comes with the runtime."""
+
+    kind = "Lambda"
+    wheels = (
+        "numpy==2.2.6",
+        "pyyaml==6.0.4",
+        "pydantic==2.14.4",
+        "pydantic-core==2.50.5",
+        "annotated-types==0.8.0",
+        "typing-extensions==4.16.0",
+        "typing-inspection==0.4.5",
+        "aws-lambda-powertools==3.37.0",
+        "jmespath==1.1.0",
+    )
+    limit_bytes = LAMBDA_LIMIT_BYTES
+
+
+#: where the Functions host looks for a Python app's dependencies
+FUNCTION_SITE = ".python_packages/lib/site-packages"
+FUNCTION_ENTRY = "function_app.py"  # the v2 programming model's entry file, at the root
+
+
+class FunctionPackage(Package):
+    """The Azure Function App: ``function_app.py`` and ``host.json`` at the root, wheels
+    under ``.python_packages/lib/site-packages`` (no remote build: the zip is complete).
+    The closure is that of numpy, pydantic, pyyaml, azure-ai-ml, azure-identity,
+    azure-functions and azure-data-tables (``pip download`` resolved it once)."""
+
+    kind = "Function App"
+    site = FUNCTION_SITE
+    root_files = ((FUNCTION_ENTRY, "lambdas/azure/function_app.py"),
+                  ("host.json", "lambdas/azure/host.json"))
+    wheels = (
+        "numpy==2.2.6",
+        "pyyaml==6.0.4",
+        "pydantic==2.14.4",
+        "pydantic-core==2.50.5",
+        "annotated-types==0.8.0",
+        "typing-extensions==4.16.0",
+        "typing-inspection==0.4.5",
+        "azure-ai-ml==1.35.2",
+        "azure-identity==1.27.0",
+        "azure-functions==1.26.0",
+        "azure-data-tables==12.7.0",
+        "azure-core==1.41.0",
+        "azure-core-tracing-opentelemetry==1.0.0b13",
+        "azure-mgmt-core==1.6.0",
+        "azure-monitor-opentelemetry==1.8.11",
+        "azure-monitor-opentelemetry-exporter==1.0.0b58",
+        "azure-storage-blob==12.31.1",
+        "azure-storage-file-datalake==12.26.1",
+        "azure-storage-file-share==12.27.1",
+        "asgiref==3.13.0",
+        "attrs==26.1.0",
+        "certifi==2026.10.19.post1",
+        "cffi==2.1.1",
+        "charset-normalizer==3.5.3",
+        "colorama==0.4.6",
+        "cryptography==50.0.2",
+        "idna==3.20",
+        "isodate==0.7.2",
+        "jsonschema==4.26.0",
+        "jsonschema-specifications==2025.9.1",
+        "markupsafe==3.0.4",
+        "marshmallow==3.26.2",
+        "msal==1.39.0",
+        "msal-extensions==1.3.1",
+        "msrest==0.7.1",
+        "multidict==7.2.1",
+        "oauthlib==4.0.1",
+        "opentelemetry-api==1.45.1",
+        "opentelemetry-instrumentation==0.66b1",
+        "opentelemetry-instrumentation-asgi==0.66b1",
+        "opentelemetry-instrumentation-dbapi==0.66b1",
+        "opentelemetry-instrumentation-django==0.66b1",
+        "opentelemetry-instrumentation-fastapi==0.66b1",
+        "opentelemetry-instrumentation-flask==0.66b1",
+        "opentelemetry-instrumentation-httpx==0.66b1",
+        "opentelemetry-instrumentation-logging==0.66b1",
+        "opentelemetry-instrumentation-psycopg2==0.66b1",
+        "opentelemetry-instrumentation-requests==0.66b1",
+        "opentelemetry-instrumentation-urllib==0.66b1",
+        "opentelemetry-instrumentation-urllib3==0.66b1",
+        "opentelemetry-instrumentation-wsgi==0.66b1",
+        "opentelemetry-resource-detector-azure==0.3.0",
+        "opentelemetry-sdk==1.45.1",
+        "opentelemetry-semantic-conventions==0.66b1",
+        "opentelemetry-util-http==0.66b1",
+        "packaging==26.4",
+        "propcache==0.5.4",
+        "psutil==7.2.2",
+        "pycparser==3.12",
+        "pydash==8.1.0",
+        "pyjwt==2.15.1",
+        "python-dateutil==4.0.0",
+        "referencing==0.37.0",
+        "requests==2.34.2",
+        "requests-oauthlib==2.0.0",
+        "rpds-py==2026.9.1",
+        "strictyaml==1.7.3",
+        "tqdm==4.70.1",
+        "tzdata==2026.6",
+        "urllib3==2.8.0",
+        "werkzeug==3.1.9",
+        "wrapt==2.5.2",
+        "yarl==1.25.1",
+    )
+
+
+LAMBDA = LambdaPackage()
+FUNCTION = FunctionPackage()
+KINDS: dict[str, Package] = {"lambda": LAMBDA, "function": FUNCTION}
+
+
+def build(policy: Path, out: Path, root: Path = ROOT, cache: Path | None = None) -> Built:
+    """The Lambda package (the name the AWS stack and its tests use)."""
+    return LAMBDA.build(policy, out, root, cache)
 
 
 def main(argv: list[str]) -> int:
-    if not 1 <= len(argv) <= 2:
-        print("usage: python -m stacks.package POLICY.yaml [OUT.zip]", file=sys.stderr)
+    kind = argv[0] if argv and argv[0] in KINDS else "lambda"
+    args = argv[1:] if argv and argv[0] in KINDS else argv
+    if not 1 <= len(args) <= 2:
+        print("usage: python -m stacks.package [lambda|function] POLICY.yaml [OUT.zip]",
+              file=sys.stderr)
         return 2
-    out = Path(argv[1]) if len(argv) > 1 else ROOT / "build" / "lambda.zip"
-    pkg = build(Path(argv[0]), out)
+    out = Path(args[1]) if len(args) > 1 else ROOT / "build" / f"{kind}.zip"
+    pkg = KINDS[kind].build(Path(args[0]), out)
     print(f"{pkg.path}: {pkg.size:,} bytes ({pkg.size / 2**20:.1f} MiB), {pkg.files} files")
     return 0
 

@@ -7,7 +7,8 @@ at least ``min_seconds``); the watchdog's own finding usually comes first.
 
 Metric names: ``trainguard_step`` and ``trainguard_loss`` (what ``trainguard.emit`` and
 the Prometheus adapter use), ``DCGM_FI_DEV_GPU_UTIL`` (NVIDIA DCGM exporter, per GPU,
-labelled with the pod it serves).
+labelled with the pod it serves), and ``trainguard_last_tick_timestamp_seconds`` (the
+watchdog's own heartbeat on the Pushgateway, ``lambdas/k8s/sinks.py``).
 """
 
 from __future__ import annotations
@@ -105,3 +106,25 @@ def rule_groups(policy: Policy) -> dict[str, Any]:
         rules.extend(alert for severity, alert in generate(policy)
                      if cfg.actions.get(severity, Action.NONE) is not Action.NONE)
     return {"groups": [{"name": "trainguard", "rules": rules}]}
+
+
+HEARTBEAT = "trainguard_last_tick_timestamp_seconds"  # pushed by lambdas/k8s/sinks.py
+MISSED_TICKS = 3  # ticks the watchdog may miss before its own alert fires
+
+
+def watchdog_rules(environment: str, interval_s: int) -> dict[str, Any]:
+    """The ``spec`` of a PrometheusRule on the watchdog itself: its last tick is older
+    than ``MISSED_TICKS`` schedule intervals (the CronJob stopped running, its pods
+    fail, or it cannot reach the Pushgateway). Its alerts about jobs expire on their own
+    then, so this is the alert that says the watchdog is blind."""
+    limit = MISSED_TICKS * interval_s
+    series = f'{HEARTBEAT}{{environment="{environment}"}}'
+    alert = _alert(
+        "TrainguardWatchdogSilent", f"time() - max by (environment) ({series}) > {limit}",
+        Severity.WARNING, 0, "watchdog",
+        f"the trainguard watchdog of {environment} has not ticked for "
+        f"{MISSED_TICKS} schedule intervals",
+        f"{HEARTBEAT} is older than {limit} s ({MISSED_TICKS} x the {interval_s} s "
+        "schedule): the CronJob does not run, fails, or cannot push its metrics. "
+        "Nothing is being judged or stopped. Last tick {{ $value | humanizeDuration }} ago.")
+    return {"groups": [{"name": "trainguard-watchdog", "rules": [alert]}]}
