@@ -42,17 +42,24 @@ def monotone(job: Job) -> None:
 
 # --- text ------------------------------------------------------------------------------
 
-NANOGPT = """\
-step:0/8 val_loss:10.8258 train_time:0ms step_avg:nanms
-step:1/8 train_loss:10.8258 train_time:30000ms step_avg:nanms
-step:2/8 train_loss:9.5100 train_time:31500ms step_avg:nanms
-step:3/8 train_loss:8.9000 train_time:1500ms step_avg:nanms
-step:4/8 train_loss:nan train_time:3000ms step_avg:1500.00ms
-step:4/8 val_loss:8.1000 train_time:3100ms step_avg:1500.00ms
-Traceback (most recent call last):
-RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
-step:5/8 train_time:4600ms step_avg:1533.33ms
-"""
+def speedrun_line(step: int, metric: str | None, value: str | None, ms: int, avg: str) -> str:
+    """One line in the modded-nanogpt log format (made up here, not copied from a run)."""
+    middle = f" {metric}:{value}" if metric else ""
+    return f"step:{step}/8{middle} train_time:{ms}ms step_avg:{avg}ms"
+
+
+# The timer restarts after warm-up (31500 ms, then 1500 ms): read as a counter reset.
+NANOGPT = "\n".join([
+    speedrun_line(0, "val_loss", "10.8258", 0, "nan"),
+    speedrun_line(1, "train_loss", "10.8258", 30000, "nan"),
+    speedrun_line(2, "train_loss", "9.5100", 31500, "nan"),
+    speedrun_line(3, "train_loss", "8.9000", 1500, "nan"),
+    speedrun_line(4, "train_loss", "nan", 3000, "1500.00"),
+    speedrun_line(4, "val_loss", "8.1000", 3100, "1500.00"),
+    "Traceback (most recent call last):",
+    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    speedrun_line(5, None, None, 4600, "1533.33"),
+]) + "\n"
 
 
 @pytest.mark.parametrize("gz", [False, True])
