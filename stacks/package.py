@@ -146,19 +146,26 @@ class Package:
         return Built(path=out, size=size, files=len(entries))
 
 
+#: What every runtime's checker, adapters and policy loader need (exact pins: the
+#: packages are reproducible).
+CORE_WHEELS = (
+    "numpy==2.2.6",
+    "pyyaml==6.0.4",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-extensions==4.16.0",
+    "typing-inspection==0.4.5",
+)
+
+
 class LambdaPackage(Package):
     """The AWS Lambda: wheels at the root beside the code (Lambda puts the zip's root on
     ``sys.path``); boto3 comes with the runtime."""
 
     kind = "Lambda"
     wheels = (
-        "numpy==2.2.6",
-        "pyyaml==6.0.4",
-        "pydantic==2.14.4",
-        "pydantic-core==2.50.5",
-        "annotated-types==0.8.0",
-        "typing-extensions==4.16.0",
-        "typing-inspection==0.4.5",
+        *CORE_WHEELS,
         "aws-lambda-powertools==3.37.0",
         "jmespath==1.1.0",
     )
@@ -181,13 +188,7 @@ class FunctionPackage(Package):
     root_files = ((FUNCTION_ENTRY, "lambdas/azure/function_app.py"),
                   ("host.json", "lambdas/azure/host.json"))
     wheels = (
-        "numpy==2.2.6",
-        "pyyaml==6.0.4",
-        "pydantic==2.14.4",
-        "pydantic-core==2.50.5",
-        "annotated-types==0.8.0",
-        "typing-extensions==4.16.0",
-        "typing-inspection==0.4.5",
+        *CORE_WHEELS,
         "azure-ai-ml==1.35.2",
         "azure-identity==1.27.0",
         "azure-functions==1.26.0",
