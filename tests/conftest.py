@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,16 @@ def stacks(outdir: Path) -> dict[str, dict[str, Any]]:
 
     return {name: json.loads((outdir / "stacks" / name / "cdk.tf.json").read_text())
             for name in SAMPLES}
+
+
+@pytest.fixture(autouse=True)
+def _azure_cloud_does_not_leak() -> Iterator[None]:
+    """azure-ai-ml writes the cloud it was built for into ``AZUREML_CURRENT_CLOUD`` in
+    ``os.environ``; a test's loopback "cloud" must not reach later tests or their
+    subprocesses."""
+    before = os.environ.get("AZUREML_CURRENT_CLOUD")
+    yield
+    if before is None:
+        os.environ.pop("AZUREML_CURRENT_CLOUD", None)
+    else:
+        os.environ["AZUREML_CURRENT_CLOUD"] = before
