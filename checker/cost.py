@@ -60,7 +60,9 @@ def update_times(prog: Series) -> FloatArray:
     if not len(prog):
         return np.empty(0)
     best = np.maximum.accumulate(prog.step)
-    rises = np.concatenate(([True], best[1:] > best[:-1]))
+    rises = np.empty(len(best), dtype=bool)
+    rises[0] = True
+    np.greater(best[1:], best[:-1], out=rises[1:])
     return prog.time[rises]
 
 

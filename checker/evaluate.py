@@ -31,22 +31,32 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
     """
     rules = build_rules(policy) if rules is None else rules
     ctx = Context(now=now, policy=policy, jobs=jobs)
+    configs = {rule.name: policy.rule(rule.name) for rule in rules}
     findings: list[Finding] = []
     for job in jobs:
-        rate = cost.hourly_cost(job, policy)
-        projection = cost.projected(job, policy, now)
+        found_here: list[Finding] = []
         for rule in rules:
             try:
                 found = rule.check(job, ctx)
             except Exception:
                 log.exception("rule %s failed on job %s", rule.name, job.id)
                 continue
-            cfg = policy.rule(rule.name)
+            actions = configs[rule.name].actions
             for f in found:
-                f.action = cfg.actions.get(f.severity, f.action)
-                if f.burnt_usd is None and rate is not None and f.started_at is not None:
-                    f.burnt_usd = rate * cost.hours_between(job, f.started_at, now)
-                if f.projected_usd is None:
-                    f.projected_usd = projection
-            findings.extend(found)
+                f.action = actions.get(f.severity, f.action)
+            found_here.extend(found)
+        if found_here:
+            # Money only for jobs with something to say: most jobs of a tick have nothing.
+            _price(found_here, job, policy, now)
+            findings.extend(found_here)
     return findings
+
+
+def _price(found: list[Finding], job: Job, policy: Policy, now: float) -> None:
+    rate = cost.hourly_cost(job, policy)
+    projection = cost.projected(job, policy, now)
+    for f in found:
+        if f.burnt_usd is None and rate is not None and f.started_at is not None:
+            f.burnt_usd = rate * cost.hours_between(job, f.started_at, now)
+        if f.projected_usd is None:
+            f.projected_usd = projection

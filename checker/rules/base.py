@@ -31,6 +31,7 @@ class Context:
     now: float
     policy: Policy
     jobs: list[Job]  # every job of this tick: the budget rule adds up accounts
+    memo: dict[str, Any] = dataclasses.field(default_factory=dict)  # per-tick work of rules
 
 
 class Rule(ABC):

@@ -51,13 +51,23 @@ class Budget(Rule):
 
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         out = self._job_budget(job, ctx)
+        accounts = ctx.policy.budget.accounts
         # Account budgets are judged once per tick, on the first running job of the scope.
-        first = next((j for j in ctx.jobs if j.scope == job.scope and j.state in self.states), None)
-        if first is job:
-            for b in ctx.policy.budget.accounts:
+        if accounts and self._first_of_scope(ctx).get(job.scope) is job:
+            for b in accounts:
                 if b.scope in ("*", job.scope):
                     out.extend(self._account(job, b, ctx))
         return out
+
+    def _first_of_scope(self, ctx: Context) -> dict[str, Job]:
+        first: dict[str, Job] | None = ctx.memo.get("budget.first")
+        if first is None:
+            first = {}
+            for j in ctx.jobs:
+                if j.state in self.states:
+                    first.setdefault(j.scope, j)
+            ctx.memo["budget.first"] = first
+        return first
 
     def _job_budget(self, job: Job, ctx: Context) -> list[Finding]:
         p: BudgetParams = self.params

@@ -9,7 +9,6 @@ value waits one more logging interval before it counts.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,14 +45,15 @@ def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
     if nb == 0:
         return level, scale
     blocks = values[: nb * _BLOCK].reshape(nb, _BLOCK)
-    if np.isnan(blocks).any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks give NaN, as wanted
-            med = np.nanmedian(blocks, axis=1)
-            mad = np.nanmedian(np.abs(blocks - med[:, None]), axis=1)
-    else:  # the common case, and ten times faster than nanmedian
-        med = np.median(blocks, axis=1)
-        mad = np.median(np.abs(blocks - med[:, None]), axis=1)
+    med = np.median(blocks, axis=1)  # NaN where a block holds a NaN: mended below
+    mad = np.median(np.abs(blocks - med[:, None]), axis=1)
+    # Blocks with NaN in them (a diverging job): their finite points, one block at a time;
+    # numpy's nanmedian on the whole array is ten times slower.
+    for i in np.flatnonzero(np.isnan(med)):
+        finite = blocks[i][~np.isnan(blocks[i])]
+        if len(finite):
+            med[i] = np.median(finite)
+            mad[i] = np.median(np.abs(finite - med[i]))
     sc = np.maximum(np.abs(med), 3 * 1.4826 * mad)
     # Point i sees the block that ended before the block containing i.
     idx = np.arange(n) // _BLOCK - 1

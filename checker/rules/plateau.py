@@ -55,7 +55,9 @@ class Plateau(Rule):
         if win is None:
             return []
         lo, v = win
-        v = v[np.isfinite(v)]  # a lone NaN that recovered is the divergence rule's business
+        finite = np.isfinite(v)
+        if not finite.all():
+            v = v[finite]  # a lone NaN that recovered is the divergence rule's business
         if len(v) < p.min_points:
             return []
         sign = 1.0 if p.mode == "min" else -1.0
@@ -67,12 +69,15 @@ class Plateau(Rule):
         # business, recovered or not: judge the points around them.
         sigma = 1.4826 * median(np.abs(np.diff(v))) / np.sqrt(2)
         centre = median(v)
-        v = v[sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)]
-        if len(v) < p.min_points:
-            return []
+        calm = sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)
+        if not calm.all():  # the level of what is judged, spikes set aside
+            v = v[calm]
+            if len(v) < p.min_points:
+                return []
+            centre = median(v)
         k = max(len(v) // 3, 2)
         head, tail = v[:k], v[-k:]
-        level = abs(median(v))
+        level = abs(centre)
         if level == 0:
             return []
         improvement = sign * (median(head) - median(tail))
@@ -90,7 +95,7 @@ class Plateau(Rule):
             started_at=float(s.time[lo]), step=start_step,
             evidence={"kind": "flat", "metric": s.name, "points": len(v),
                       "rel_improvement": improvement / level, "noise_se": se / level,
-                      "level": median(v), "window_start_step": start_step},
+                      "level": centre, "window_start_step": start_step},
         )]
 
     def _window(self, job: Job, s: Series) -> tuple[int, np.ndarray] | None:

@@ -40,7 +40,9 @@ class Utilization(Rule):
             return []
         lo = int(np.searchsorted(s.time, ctx.now - p.window_seconds, side="left"))
         v = s.value[lo:]
-        v = v[np.isfinite(v)]
+        finite = np.isfinite(v)
+        if not finite.all():
+            v = v[finite]
         if len(v) < p.min_points:
             return []
         p95, p5, mean = (float(x) for x in (quantile(v, 0.95), quantile(v, 0.05), v.mean()))
