@@ -177,3 +177,38 @@ def test_elapsed_clock_log_is_judged_on_the_wall_clock(tmp_path: Path) -> None:
     last = job.last_time()
     assert last is not None and abs(last - now) < 1.0
     assert job.start_time is not None and abs((last - job.start_time) - 29.0) < 1e-6
+
+
+def test_watch_starts_the_training_and_stops_it_when_it_hangs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainguard watch RUN --start RUN=COMMAND``: the watchdog launches a real training
+    (the demo's, whose data loader hangs), watches its log, and SIGTERMs it on the stall."""
+    pytest.importorskip("sklearn", reason="the demo training needs scikit-learn")
+
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    policy = Path(__file__).resolve().parent.parent / "trainguard" / "demo" / "demo-policy.yaml"
+    command = shlex.join([sys.executable, "-m", "trainguard.demo.train", "--mode", "hang",
+                          "--out", "hang.jsonl", "--steps", "300", "--interval", "0.05"])
+    res = CliRunner().invoke(app, [
+        "watch", "hang.jsonl", "--start", f"hang.jsonl={command}", "--policy", str(policy),
+        "--tick", "1", "--until", "90", "--state", "state.sqlite", "--json", "out.json"])
+    assert res.exit_code == 1, res.output  # a critical finding
+    (run,) = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert run["stopped_by"] == "stall"
+    assert run["exit_code"] == -15  # SIGTERM landed
+    assert (tmp_path / "hang.jsonl.out").exists()
+
+
+def test_watch_start_needs_a_watched_path() -> None:
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    res = CliRunner().invoke(app, ["watch", "a.jsonl", "--start", "b.jsonl=true"])
+    assert res.exit_code == 2 and "is not one of the runs watched" in res.output

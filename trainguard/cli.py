@@ -11,6 +11,8 @@ import dataclasses
 import enum
 import os
 import re
+import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -387,6 +389,24 @@ def _pids(options: list[str] | None) -> dict[str | Path, int]:
     return pids
 
 
+def _start(options: list[str] | None, paths: list[Path]) -> dict[str | Path, Any]:
+    """Start each ``PATH=COMMAND``; the command's output goes to ``PATH.out``."""
+    started: dict[str | Path, subprocess.Popen[bytes]] = {}
+    for option in options or []:
+        path, sep, command = option.partition("=")
+        if not sep or not path or not command.strip():
+            fail(f"--start {option!r}: expected PATH=COMMAND, e.g. 'run.log=python train.py'")
+        if Path(path) not in paths:
+            fail(f"--start {option!r}: {path} is not one of the runs watched")
+        with open(f"{path}.out", "wb") as output:
+            try:
+                started[path] = subprocess.Popen(shlex.split(command), stdout=output,
+                                                 stderr=subprocess.STDOUT)
+            except OSError as e:
+                fail(f"--start {option!r}: cannot start it: {e}")
+    return dict(started)
+
+
 @app.command()
 def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being written.")],
           policy: PolicyOpt = None, metric: MetricOpt = None,
@@ -400,24 +420,36 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
               "--pid", metavar="PATH=PID",
               help="The process writing PATH: its state is the job's, and a stop signals it.")]
           = None,
+          start: Annotated[list[str] | None, typer.Option(
+              "--start", metavar="PATH=COMMAND",
+              help="Start COMMAND (it writes PATH) and watch it; a stop signals it. "
+                   "Its output goes to PATH.out.")] = None,
           json_out: Annotated[Path | None, typer.Option(
               "--json", metavar="FILE", help="Write the outcome of every run as JSON.")]
           = None) -> None:
     """Watch run files live with the watchdog's own tick; exit 1 if a finding went critical.
 
-    Ends when every --pid process has exited, after --until seconds, or on Ctrl-C.
+    Ends when every --pid or --start process has exited, after --until seconds, or on
+    Ctrl-C (which also ends the processes it started).
     """
     from lambdas.local import watch as run_watch
 
     pol = load_policy(policy)
     state.parent.mkdir(parents=True, exist_ok=True)
+    processes: dict[str | Path, int | subprocess.Popen[Any]] = dict(_pids(pid))
+    started = _start(start, paths)
+    processes.update(started)
     try:
-        result = run_watch(paths, pol, state, tick, out, until=until, processes=_pids(pid),
+        result = run_watch(paths, pol, state, tick, out, until=until, processes=processes,
                            definitions=_definitions(metric))
     except ValueError as e:  # a bad tick, a --pid for a file not watched
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    finally:
+        for proc in started.values():  # the watchdog started them: none outlives it
+            if proc.poll() is None:
+                proc.terminate()
     if json_out is not None:
         json_out.write_text(report.dumps(result.to_dict()) + "\n")
     critical = any(f.get("severity") == "critical" for r in result.runs for f in r.findings)
