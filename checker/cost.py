@@ -42,11 +42,16 @@ def spent(job: Job, policy: Policy, now: float) -> float | None:
     return rate * hours_between(job, job.start_time, end)
 
 
+#: Series that repeat the step without making progress (trainguard.emit's pause lines).
+NOT_PROGRESS = ("heartbeat", "pause_seconds")
+
+
 def progress(job: Job) -> Series | None:
     """The series that counts steps: ``step`` if logged, else the longest series with steps."""
     if "step" in job.series and len(job.series["step"]):
         return job.series["step"]
-    with_steps = [s for s in job.series.values() if len(s) and np.isfinite(s.step).any()]
+    with_steps = [s for k, s in job.series.items() if len(s) and not k.startswith(NOT_PROGRESS)
+                  and np.isfinite(s.step).any()]
     if not with_steps:
         return None
     best = max(with_steps, key=len)

@@ -173,16 +173,16 @@ def test_table_output_shows_each_section_and_the_assumptions(corpus: Path) -> No
         assert text in result.stdout, text
 
 
-def test_inject_adds_five_labelled_faults_per_healthy_run_reproducibly(corpus: Path) -> None:
+def test_inject_adds_six_labelled_faults_per_healthy_run_reproducibly(corpus: Path) -> None:
     first = _json(corpus, "--inject")
     injected = [c for c in first["runs_detail"] if c["injected"]]
     assert sorted(c["group"] for c in injected) == [
-        "injected:divergence", "injected:nanblip", "injected:pause", "injected:spike",
-        "injected:stall"]
+        "injected:divergence", "injected:heartbeat_pause", "injected:nanblip",
+        "injected:pause", "injected:spike", "injected:stall"]
     labels = {c["group"]: c["label"] for c in injected}
-    assert labels == {"injected:divergence": "diverged", "injected:nanblip": "healthy",
-                      "injected:pause": "healthy", "injected:spike": "healthy",
-                      "injected:stall": "stalled"}
+    assert labels == {"injected:divergence": "diverged", "injected:heartbeat_pause": "healthy",
+                      "injected:nanblip": "healthy", "injected:pause": "healthy",
+                      "injected:spike": "healthy", "injected:stall": "stalled"}
     assert all(c["run"] == "healthy.csv" for c in injected)
     again = _json(corpus, "--inject")
     other = _json(corpus, "--inject", "--seed", "7")

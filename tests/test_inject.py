@@ -228,3 +228,22 @@ def _job_for_nanblip() -> Job:
     loss = 2 + 8 * np.exp(-step / 150)
     return Job(id="r", start_time=float(t[0]), series={
         "loss": Series("loss", t, step, loss), "step": Series("step", t.copy(), step, step)})
+
+
+def test_heartbeat_pause_is_excused_by_trainguard_but_not_by_debugger() -> None:
+    """A 35-55 min checkpoint with heartbeats: trainguard's stall reads them and stays
+    quiet; Debugger's StalledTrainingRule sees no tensor for 30 min and fires."""
+    from checker import Policy, evaluate
+    from trainguard.bench.anchors import DebuggerStalledTraining
+
+    job = _job_for_nanblip()
+    out = inject(job, "heartbeat_pause", seed=1)
+    assert out.label == "healthy" and 35 * 60 <= out.extra["gap_s"] <= 55 * 60
+    beats = out.job.series["heartbeat"]
+    assert np.all(np.diff(beats.time) == 30.0)
+    mid = float(beats.time[len(beats) // 2])
+    finding = [f for f in evaluate([out.job.until(mid)], Policy(), mid) if f.rule == "stall"]
+    assert finding == []
+    fire = DebuggerStalledTraining().first_fire(out.job, "loss")
+    assert fire is not None and out.onset_time is not None
+    assert fire.time - out.onset_time >= 1800

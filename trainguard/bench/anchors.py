@@ -29,6 +29,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from checker.cost import NOT_PROGRESS
 from checker.metrics import loss_like
 from checker.model import FloatArray, Job, JobState, Series
 
@@ -397,6 +398,12 @@ class DebuggerStalledTraining(_Watchdog):
 
     def __init__(self, threshold_s: float = 1800.0, interval_s: float = 60.0) -> None:
         super().__init__(threshold_s, interval_s)
+
+    def _update_times(self, job: Job) -> FloatArray:
+        """Tensors the hook saved: the training records, not a job's heartbeat log lines."""
+        parts = [s.time for k, s in job.series.items() if not k.startswith(NOT_PROGRESS)]
+        t = np.concatenate(parts) if parts else np.empty(0)
+        return np.unique(t[np.isfinite(t)])
 
 
 class ClearMLNonResponsive(_Watchdog):

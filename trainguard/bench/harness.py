@@ -710,6 +710,8 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         out.append(Check("every stall found within max(3 x p99 update interval, 10 min)",
                          f"{len(stalls) - len(late)}/{len(stalls)}", not late, _ids(late)))
     for group, what in (("injected:pause", "no stall on a legitimate pause"),
+                        ("injected:heartbeat_pause",
+                         "no stall on a 35-55 min checkpoint the job heartbeats through"),
                         ("healthy", "no stall on a healthy run (compile warm-up gaps)")):
         members = [c for c in cases if c.group == group and c.clock != "step"]
         if members:

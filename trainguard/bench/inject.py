@@ -116,18 +116,9 @@ def stall(job: Job, rng: np.random.Generator) -> Injected:
                     {"cut_fraction": frac})
 
 
-def pause(job: Job, rng: np.random.Generator) -> Injected:
-    """A legitimate long gap (eval, checkpoint): later records shift forward; values unchanged."""
-    if job.clock == "step":
-        raise ValueError(f"job {job.id!r}: cannot inject pause: it has no time axis (step clock)")
-    times = _record_times(job)
-    if len(times) < MIN_POINTS:
-        raise ValueError(f"job {job.id!r}: cannot inject pause: only {len(times)} record times")
-    median = float(np.median(np.diff(times)))
-    gap = max(float(rng.uniform(5.0, 10.0)) * median, 120.0)
-    frac = float(rng.uniform(0.2, 0.8))
-    at = float(times[np.searchsorted(times, times[0] + frac * (times[-1] - times[0]),
-                                     side="right") - 1])  # the last record before the pause
+def _paused(job: Job, kind: str, gap: float, at: float) -> tuple[Job, float | None]:
+    """``job`` with every record after ``at`` shifted ``gap`` seconds later, and the last
+    step logged before the pause."""
 
     def shifted(t: FloatArray) -> FloatArray:
         return np.where(t > at, t + gap, t)
@@ -137,14 +128,69 @@ def pause(job: Job, rng: np.random.Generator) -> Injected:
     logs = [LogLine(line.time + gap if line.time > at else line.time, line.text)
             for line in job.logs]
     end = job.end_time + gap if job.end_time is not None and job.end_time > at else job.end_time
-    paused = _renamed(job, "pause", series=series, logs=logs, end_time=end,
+    paused = _renamed(job, kind, series=series, logs=logs, end_time=end,
                       restart_times=[r + gap if r > at else r for r in job.restart_times])
     steps = [float(np.nanmax(s.step[s.time <= at])) for s in job.series.values()
              if np.isfinite(s.step[s.time <= at]).any()]
-    return Injected(paused, "pause", "healthy", max(steps) if steps else None, at,
+    return paused, (max(steps) if steps else None)
+
+
+def _checked_times(job: Job, kind: str) -> FloatArray:
+    if job.clock == "step":
+        raise ValueError(f"job {job.id!r}: cannot inject {kind}: it has no time axis "
+                         "(step clock)")
+    times = _record_times(job)
+    if len(times) < MIN_POINTS:
+        raise ValueError(f"job {job.id!r}: cannot inject {kind}: only {len(times)} record "
+                         "times")
+    return times
+
+
+def _pause_at(times: FloatArray, rng: np.random.Generator) -> float:
+    """The last record before a pause placed at 20-80 % of the run."""
+    frac = float(rng.uniform(0.2, 0.8))
+    return float(times[np.searchsorted(times, times[0] + frac * (times[-1] - times[0]),
+                                       side="right") - 1])
+
+
+def pause(job: Job, rng: np.random.Generator) -> Injected:
+    """A legitimate long gap (eval, checkpoint): later records shift forward; values unchanged."""
+    times = _checked_times(job, "pause")
+    median = float(np.median(np.diff(times)))
+    gap = max(float(rng.uniform(5.0, 10.0)) * median, 120.0)
+    at = _pause_at(times, rng)
+    paused, step = _paused(job, "pause", gap, at)
+    return Injected(paused, "pause", "healthy", step, at,
                     f"a {gap:.0f} s pause after the record at {at:g} "
                     f"({gap / median:.1f}x the median update interval {median:.3g} s)",
                     {"gap_s": gap, "median_interval_s": median})
+
+
+HEARTBEAT_EVERY_S = 30.0  # trainguard.emit's default
+
+
+def heartbeat_pause(job: Job, rng: np.random.Generator) -> Injected:
+    """A 35-55 minute checkpoint (a large model written to object storage) that the job
+    heartbeats through as ``trainguard.emit.pause("checkpoint")`` does: a heartbeat line
+    every 30 s, a resume line at the end, then normal progress. Healthy: a watchdog that
+    reads the heartbeats must not fire; one that counts only training records may."""
+    at = _pause_at(_checked_times(job, "heartbeat_pause"), rng)
+    gap = float(rng.uniform(35.0, 55.0)) * 60.0
+    paused, step = _paused(job, "heartbeat_pause", gap, at)
+    beats = at + np.arange(0.0, gap, HEARTBEAT_EVERY_S)
+    # emit's heartbeat lines carry the step the job paused at
+    at_step = np.full(len(beats), step if step is not None else np.nan)
+    series = dict(paused.series)
+    series["heartbeat"] = Series("heartbeat", beats, at_step, beats - at)
+    series["heartbeat/checkpoint"] = Series("heartbeat/checkpoint", beats.copy(),
+                                            at_step.copy(), beats - at)
+    series["pause_seconds"] = Series("pause_seconds", np.array([at + gap]),
+                                     at_step[:1].copy(), np.array([gap]))
+    out = dataclasses.replace(paused, series=series)
+    return Injected(out, "heartbeat_pause", "healthy", step, at,
+                    f"a {gap / 60:.0f} min checkpoint after the record at {at:g}, with a "
+                    f"heartbeat every {HEARTBEAT_EVERY_S:g} s and a resume line",
+                    {"gap_s": gap})
 
 
 def divergence(job: Job, rng: np.random.Generator) -> Injected:
@@ -234,6 +280,7 @@ INJECTORS: dict[str, Injector] = {
     "divergence": divergence,
     "spike": spike,
     "nanblip": nanblip,
+    "heartbeat_pause": heartbeat_pause,
 }
 
 
