@@ -13,12 +13,15 @@ from kubernetes import config as kube_config
 from adapters.kubeflow.adapter import KubeflowAdapter
 from adapters.kubeflow.client import Kube, api_client, retry_policy
 from adapters.kubeflow.kinds import KINDS
+from adapters.kubeflow.prometheus_hook import PrometheusHook
 
 _config: Any = kube_config  # its loaders carry no type hints
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 N = TypeVar("N", int, float)
+PROMETHEUS = ("prometheus_url", "prometheus_token_file", "prometheus_ca_file",
+              "prometheus_mapping", "prometheus_id")
 KNOWN = ("host", "kubeconfig", "context", "in_cluster", "namespaces", "namespace", "cluster",
-         "kinds", "delete", "retries", "backoff", "console")
+         "kinds", "delete", "retries", "backoff", "console", *PROMETHEUS)
 
 
 def from_options(opts: dict[str, str]) -> KubeflowAdapter:
@@ -41,6 +44,11 @@ def from_options(opts: dict[str, str]) -> KubeflowAdapter:
     - ``retries``: attempts on throttling (429) and server errors (default 5)
     - ``backoff``: the exponential backoff factor in seconds (default 0.5)
     - ``console``: an OpenShift console URL, for links to each job
+    - ``prometheus_url``: read each job's series (loss, step, GPU use) from this
+      Prometheus, with ``prometheus_token_file``, ``prometheus_ca_file`` (OpenShift's
+      Thanos Querier), ``prometheus_mapping`` (a mapping file, see adapters/prometheus)
+      and ``prometheus_id`` (the job's id there: ``{name}`` by default, or ``{namespace}``,
+      ``{kind}``, ``{id}``)
     """
     unknown = sorted(set(opts) - set(KNOWN))
     if unknown:
@@ -77,7 +85,20 @@ def from_options(opts: dict[str, str]) -> KubeflowAdapter:
                            cluster=opts.get("cluster") or cluster, namespaces=namespaces,
                            kinds=[k.lower() for k in kinds],
                            delete=_flag(opts, "delete", default=False),
-                           console=opts.get("console"))
+                           console=opts.get("console"), metrics=_prometheus(opts))
+
+
+def _prometheus(opts: dict[str, str]) -> PrometheusHook | None:
+    """The metrics hook the ``prometheus_*`` options describe, reading live."""
+    if not opts.get("prometheus_url"):
+        return None
+    from adapters.prometheus import Metrics, client_from_options, load_mapping
+
+    prom = {"url": opts["prometheus_url"], "token_file": opts.get("prometheus_token_file"),
+            "ca_file": opts.get("prometheus_ca_file")}
+    client = client_from_options({k: v for k, v in prom.items() if v})
+    return PrometheusHook(Metrics(client, load_mapping(opts.get("prometheus_mapping"))),
+                          opts.get("prometheus_id") or "{name}")
 
 
 def _in_pod() -> bool:

@@ -33,8 +33,8 @@ from kubernetes.config import ConfigException
 
 from adapters.kubeflow import KubeflowAdapter
 from adapters.kubeflow import from_options as kubeflow_from_options
+from adapters.kubeflow.prometheus_hook import PrometheusHook
 from adapters.prometheus import Metrics, client_from_options, load_mapping
-from checker.model import Job, Series
 from checker.policy import Policy
 from lambdas.k8s.configmap_state import ConfigMapStore
 from lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
@@ -159,25 +159,6 @@ def _parse(key: str, raw: Any, where: str) -> Any:
         return OPTIONS[key][0](text)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from e
-
-
-class PrometheusHook:
-    """The Kubeflow adapter's ``metrics`` hook: a job's series from Prometheus over the
-    mapping's history up to the tick's ``now``."""
-
-    def __init__(self, metrics: Metrics, id_template: str, now: float) -> None:
-        self.metrics, self.id_template, self.now = metrics, id_template, now
-        self.read: dict[str, list[str]] = {}  # job id -> series read: the run's summary shows it
-
-    def prometheus_id(self, job: Job) -> str:
-        ns, kind, name = [*job.id.split("/"), "", "", ""][:3]
-        return self.id_template.format(name=name or job.id, namespace=ns, kind=kind, id=job.id)
-
-    def __call__(self, job: Job) -> dict[str, Series]:
-        series = self.metrics.series_for(self.prometheus_id(job),
-                                         self.now - self.metrics.mapping.history, self.now)
-        self.read[job.id] = sorted(f"{k}:{len(s)}" for k, s in series.items())
-        return series
 
 
 @dataclass
