@@ -15,6 +15,7 @@ The order of work is what keeps stops safe:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -140,6 +141,14 @@ class _Seen:
     key: str
     memory: JobMemory
     findings: list[Finding] = field(default_factory=list)
+
+
+def effective_policy(policy: Policy, stop_enabled: bool) -> Policy:
+    """The policy as a deployment may run it: in dry run unless the deployment enables
+    stops too (the environment's ``stop_enabled``), whatever the policy says."""
+    if stop_enabled or policy.safety.dry_run:
+        return policy
+    return dataclasses.replace(policy, safety=dataclasses.replace(policy.safety, dry_run=True))
 
 
 def tick(sources: Sequence[Source], policy: Policy, store: StateStore,

@@ -346,3 +346,13 @@ def test_warning_turning_critical_raises_again_and_persistence_counts_stop_ticks
     assert [(e.kind, e.memory.severity) for e in sink.events] == [
         ("raise", "warning"), ("raise", "critical")]
     assert [e.stopped for e in sink.events] == [False, False]
+
+
+def test_a_deployment_without_stop_enabled_runs_any_policy_in_dry_run() -> None:
+    from lambdas.tick import effective_policy
+
+    allows = policy(dry_run=False)
+    assert effective_policy(allows, stop_enabled=False).safety.dry_run is True
+    assert effective_policy(allows, stop_enabled=True).safety.dry_run is False
+    assert allows.safety.dry_run is False  # the policy itself is left as it was
+    assert effective_policy(policy(dry_run=True), stop_enabled=True).safety.dry_run is True

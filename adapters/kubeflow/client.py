@@ -8,6 +8,7 @@ idempotent stop calls (a merge patch that sets ``suspend``, a delete).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -52,42 +53,24 @@ class Kube:
 
     def list_objects(self, kind: Kind, namespace: str | None) -> list[Any]:
         """Every object of ``kind`` in ``namespace`` (None: all namespaces), every page."""
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            extra: dict[str, Any] = {"limit": PAGE}
-            if token:
-                extra["_continue"] = token
-            if namespace is None:
-                page: Any = self.custom.list_cluster_custom_object(
-                    kind.group, kind.version, kind.plural, **extra)
-            else:
-                page = self.custom.list_namespaced_custom_object(
-                    kind.group, kind.version, namespace, kind.plural, **extra)
-            items += _items(page)
-            token = (page.get("metadata") or {}).get("continue") if isinstance(page, dict) else None
-            if not token:
-                return items
+        if namespace is None:
+            return _every_page(lambda extra: self.custom.list_cluster_custom_object(
+                kind.group, kind.version, kind.plural, **extra))
+        return _every_page(lambda extra: self.custom.list_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, **extra))
 
     def get_object(self, kind: Kind, namespace: str, name: str) -> Any:
         return self.custom.get_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, name)
 
     def list_pods(self, namespace: str, selector: str) -> list[Any]:
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            extra: dict[str, Any] = {"limit": PAGE}
-            if token:
-                extra["_continue"] = token
+        def fetch(extra: dict[str, Any]) -> Any:
             # raw JSON: the same plain dicts as the custom objects, no model round trip
             resp: Any = self.core.list_namespaced_pod(
                 namespace, label_selector=selector, _preload_content=False, **extra)
-            page = json.loads(resp.data)
-            items += _items(page)
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+            return json.loads(resp.data)
+
+        return _every_page(fetch)
 
     def list_namespaces(self) -> list[str]:
         resp: Any = self.core.list_namespace(_preload_content=False)
@@ -109,3 +92,18 @@ def _items(page: Any) -> list[Any]:
     if not isinstance(items, list):
         raise ValueError(f"a list response without items: {str(page)[:120]}")
     return items
+
+
+def _every_page(fetch: Callable[[dict[str, Any]], Any]) -> list[Any]:
+    """The items of every page of a Kubernetes list call, following ``continue``."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        extra: dict[str, Any] = {"limit": PAGE}
+        if token:
+            extra["_continue"] = token
+        page = fetch(extra)
+        items += _items(page)
+        token = (page.get("metadata") or {}).get("continue") if isinstance(page, dict) else None
+        if not token:
+            return items

@@ -3,7 +3,6 @@ state store, idempotency records), built from ``Settings`` on first use."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import boto3
@@ -18,7 +17,7 @@ from checker.policy import Policy
 from lambdas.aws.dynamodb_state import DynamoDBStore
 from lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings
 from lambdas.aws.sinks import EmfWriter, SnsAlarmSink
-from lambdas.tick import AlarmSink
+from lambdas.tick import AlarmSink, effective_policy
 from trainguard.policy import load_policy
 
 logger = Logger(service=SERVICE)  # powertools reuses the handler's logger by service name
@@ -32,9 +31,7 @@ class Runtime:
         if not settings.stop_enabled and not policy.safety.dry_run:
             logger.warning(f"the policy allows stops but {STOP_ENABLED_ENV} is false: "
                            "running in dry run")
-            policy = dataclasses.replace(
-                policy, safety=dataclasses.replace(policy.safety, dry_run=True))
-        self.policy: Policy = policy
+        self.policy: Policy = effective_policy(policy, settings.stop_enabled)
         dynamodb = session.client("dynamodb", region_name=settings.region)
         self.store = DynamoDBStore(dynamodb, settings.table)
         self.adapter: SageMakerAdapter = from_options(settings.sagemaker)

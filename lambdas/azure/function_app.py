@@ -31,7 +31,6 @@ failure); so does a tick whose only source could not list its jobs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -49,7 +48,7 @@ from checker.policy import Policy
 from checker.rules.base import Rule
 from lambdas.azure.sinks import FindingsMetrics, WebhookSink
 from lambdas.azure.table_state import TableStore
-from lambdas.tick import AlarmSink, TickReport, tick
+from lambdas.tick import AlarmSink, TickReport, effective_policy, tick
 
 log = logging.getLogger("trainguard.azure")
 
@@ -137,9 +136,7 @@ class Settings:
         if not self.stop_enabled and not policy.safety.dry_run:
             log.warning("%sSTOP_ENABLED is not true: policy %r runs in dry run", PREFIX,
                         policy.name)
-            policy = dataclasses.replace(
-                policy, safety=dataclasses.replace(policy.safety, dry_run=True))
-        return policy
+        return effective_policy(policy, self.stop_enabled)
 
     def store(self, credential: TokenCredential) -> TableStore:
         if self.table_connection is not None:

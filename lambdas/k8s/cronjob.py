@@ -17,7 +17,6 @@ store failed (no stop was made).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from lambdas.k8s.configmap_state import ConfigMapStore
 from lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
 from lambdas.sqlite_state import SQLiteStore
 from lambdas.state import StateStore, StateStoreError
-from lambdas.tick import REMIND_EVERY_S, AlarmSink, TickReport, tick
+from lambdas.tick import REMIND_EVERY_S, AlarmSink, TickReport, effective_policy, tick
 from trainguard.policy import PolicyError, default_policy, load_policy
 
 log = logging.getLogger("trainguard.k8s")
@@ -168,13 +167,6 @@ class Runtime:
     store: StateStore
     sinks: list[AlarmSink]
     opts: Options
-
-
-def effective_policy(policy: Policy, stop_enabled: bool) -> Policy:
-    """The policy, in dry run unless the deployment enables stops too."""
-    if stop_enabled or policy.safety.dry_run:
-        return policy
-    return dataclasses.replace(policy, safety=dataclasses.replace(policy.safety, dry_run=True))
 
 
 def build(opts: Options, now: float) -> Runtime:
