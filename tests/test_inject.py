@@ -182,13 +182,12 @@ def test_injectors_refuse_a_run_without_a_loss() -> None:
 
 @pytest.mark.realdata
 def test_injected_faults_on_real_runs(curves_dir: Path) -> None:
-    local = pytest.importorskip("adapters.local")
-    if not hasattr(local, "load_run"):
-        pytest.skip("adapters.local.load_run is not written yet")
+    from adapters.local import load_run
+
     stalled = ANCHORS["debugger_stalled_training"]()
     exploding = ANCHORS["debugger_exploding_tensor"]()
     for path in sorted((curves_dir / "modded-nanogpt").glob("*.log"))[:3]:
-        loaded: Job = local.load_run(path)
+        loaded: Job = load_run(path)
         # a log cannot say its run is over; these are, so the watchdog stops at the end
         job = dataclasses.replace(loaded, state=JobState.SUCCEEDED, end_time=loaded.last_time())
         assert stalled.first_fire(job, "val_loss") is None, path.name
