@@ -17,14 +17,22 @@ def run(*args: str) -> Any:
     return CliRunner().invoke(app, ["check", *args])
 
 
+def judged(res: Any) -> dict[str, Any]:
+    """The JSON of a check, after asserting its exit code keeps the command's contract:
+    1 exactly when some finding is critical, else 0."""
+    doc: dict[str, Any] = json.loads(res.stdout)
+    critical = any(f["severity"] == "critical" for r in doc["runs"] for f in r["findings"])
+    assert res.exit_code == (1 if critical else 0), res.output
+    return doc
+
+
 def test_kubeflow_source_lists_and_judges_the_running_jobs() -> None:
     """The Kubernetes API is a recorded replay on loopback (no cluster here)."""
     with recorded_cluster() as k8s:
         res = run("--source", "kubeflow", "--opt", f"host={k8s.host}",
                   "--opt", "namespaces=ml-team,research", "--opt", "cluster=lab",
                   "--now", str(NOW), "--format", "json")
-    assert res.exit_code in (0, 1), res.output
-    doc = json.loads(res.stdout)
+    doc = judged(res)
     ids = {r["id"] for r in doc["runs"]}
     assert {"ml-team/pytorchjob/bert-ft", "ml-team/trainjob/llm-sft",
             "research/pytorchjob/vit-sweep"} <= ids
@@ -40,8 +48,7 @@ def test_prometheus_source_reads_the_real_server(request: pytest.FixtureRequest)
     server = contract_server(request)
     res = run("--source", "prometheus", "--opt", f"url={server.url}", "--opt",
               "scope=test-cluster/ml", "--now", str(server.info["now"]), "--format", "json")
-    assert res.exit_code in (0, 1), res.output
-    doc = json.loads(res.stdout)
+    doc = judged(res)
     assert {r["id"] for r in doc["runs"]} == {"a", "b"}
 
 
@@ -88,8 +95,7 @@ def test_sagemaker_source_through_recorded_sagemaker_and_moto_cloudwatch(
                       "--format", "json")
     finally:
         stop_moto()
-    assert res.exit_code in (0, 1), res.output
-    doc = json.loads(res.stdout)
+    doc = judged(res)
     assert {r["id"] for r in doc["runs"]} == {"llm-pretrain-a", "resnet-spot-b"}
     assert "broken-c" in res.stderr
 
@@ -108,5 +114,39 @@ def test_azureml_source_through_recorded_workspace(request: pytest.FixtureReques
               "--opt", "resource_group=rg-training", "--opt", "workspace=ws-research",
               "--opt", f"endpoint={replay.base}", "--opt", f"ca_file={replay.ca_file}",
               "--opt", "backoff=0.01", "--now", str(AML_NOW), "--format", "json")
-    assert res.exit_code in (0, 1), res.output
-    assert {r["id"] for r in json.loads(res.stdout)["runs"]} == RUNNING
+    assert {r["id"] for r in judged(res)["runs"]} == RUNNING
+
+
+def test_kubeflow_source_reads_each_jobs_series_from_prometheus(
+        request: pytest.FixtureRequest) -> None:
+    """The recorded Kubernetes API for the jobs, a real Prometheus for their series: the
+    ``prometheus_*`` options compose the two as the CronJob does. Every job is mapped to
+    the Prometheus run ``a`` here (``prometheus_id=a``), which holds a loss series."""
+    from tests.contract.case_prometheus import contract_server
+
+    server = contract_server(request)
+    with recorded_cluster() as k8s:
+        res = run("--source", "kubeflow", "--opt", f"host={k8s.host}",
+                  "--opt", "namespaces=ml-team", "--opt", f"prometheus_url={server.url}",
+                  "--opt", "prometheus_id=a", "--now", str(server.info["now"]),
+                  "--format", "json")
+    runs = judged(res)["runs"]
+    assert runs and all(r["format"] == "kubeflow" for r in runs)
+    assert "metrics not read" not in res.stderr  # no job lost its series
+
+
+def test_kubeflow_hook_series_reach_the_jobs(request: pytest.FixtureRequest) -> None:
+    """The same composition through the adapter: every listed job carries run a's loss."""
+    from adapters.kubeflow import from_options
+    from adapters.kubeflow.prometheus_hook import PrometheusHook
+    from tests.contract.case_prometheus import contract_server
+
+    server = contract_server(request)
+    with recorded_cluster() as k8s:
+        adapter = from_options({"host": k8s.host, "namespaces": "ml-team",
+                                "prometheus_url": server.url, "prometheus_id": "a"})
+        assert isinstance(adapter.metrics, PrometheusHook)
+        adapter.metrics.now = server.info["now"]  # the contract data sits at that time
+        jobs = adapter.list_jobs(server.info["now"])
+    assert jobs and all(len(j.series["loss"]) > 0 for j in jobs)
+    assert set(adapter.metrics.read) == {j.id for j in jobs}
