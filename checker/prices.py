@@ -5,9 +5,8 @@ P4/P5 prices in mid-2025) and a wrong rate mis-enforces every budget. A policy's
 ``cost.prices`` wins over this book; an instance missing here is left to the
 policy's ``gpu_hour_usd`` or ``default_hourly_usd`` rather than guessed.
 
-Instances deliberately absent because no trustworthy current price was found:
-SageMaker ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge (post mid-2025 cut)
-and ml.g6.16xlarge. Their GPU counts are still known (``gpus_of``).
+Instance deliberately absent because no trustworthy price was found:
+SageMaker ml.g6.16xlarge. Its GPU count is still known (``gpus_of``).
 """
 
 from __future__ import annotations
@@ -48,11 +47,12 @@ GPUS: dict[str, tuple[int, str]] = {
     "Standard_ND96isr_H100_v5": (8, "H100 80GB"),
 }
 
-# The search for these ran on 2026-11-29 over stored copies of public pages and code;
+# The search for these ran on 2026-11-29 and 2026-11-30 over stored copies of public pages and code;
 # the primary pages (aws.amazon.com/sagemaker/pricing, azure.microsoft.com pricing,
 # the AWS Price List and Azure Retail Prices APIs) could not be fetched live, so every
 # number below comes from a secondary source, said so in ``source``.
 _READ_ON = "2026-11-29"
+_READ_ON_P = "2026-11-30"  # the SageMaker P-family rows
 
 _SAGEMAKER_USW2 = (
     "secondary: a public GitHub project's SageMaker rate table stating it was taken from "
@@ -71,9 +71,23 @@ _AZURE_EASTUS_ND = (
     "secondary: public GitHub projects' East US pay-as-you-go tables (one marked "
     "'approximate'); not cross-checked against the Azure Retail Prices API")
 
-# (instance type, $/hour) per (region, source).
-_TABLES: list[tuple[str, str, list[tuple[str, float]]]] = [
-    ("us-west-2", _SAGEMAKER_USW2, [
+_SAGEMAKER_P_SOURCE = (
+    "secondary: public GitHub projects running SageMaker training jobs on these types; {where}. "
+    "Cross-checked: each equals the EC2 on-demand list price after the June 2025 P4/P5 cut "
+    "(p4d.24xlarge 21.957642, p4de.24xlarge 27.44705, p5.48xlarge 55.04, read from a "
+    "third public table) x 1.15, the same SageMaker-over-EC2 ratio the pre-cut prices had "
+    "(ml.p4d.24xlarge 37.688 = 32.7726 x 1.15); primary: "
+    "https://aws.amazon.com/sagemaker/pricing/ (not fetched)")
+_SAGEMAKER_P_USW2 = _SAGEMAKER_P_SOURCE.format(
+    where="one states 'SageMaker training, us-west-2, on-demand from the AWS Pricing API "
+          "(2026-09-12)' and bills real ml.p5 jobs at it")
+_SAGEMAKER_P_USE1 = _SAGEMAKER_P_SOURCE.format(
+    where="one launcher's us-east-1 training cost cap (its jobs tagged July 2026), at the "
+          "Price List API's precision")
+
+# (instance type, $/hour) per (region, source, date read).
+_TABLES: list[tuple[str, str, str, list[tuple[str, float]]]] = [
+    ("us-west-2", _SAGEMAKER_USW2, _READ_ON, [
         ("ml.g5.xlarge", 1.408), ("ml.g5.2xlarge", 1.515), ("ml.g5.4xlarge", 2.03),
         ("ml.g5.8xlarge", 3.06), ("ml.g5.12xlarge", 7.09), ("ml.g5.16xlarge", 5.12),
         ("ml.g5.24xlarge", 10.18), ("ml.g5.48xlarge", 20.36),
@@ -81,15 +95,21 @@ _TABLES: list[tuple[str, str, list[tuple[str, float]]]] = [
         ("ml.g6.8xlarge", 2.518), ("ml.g6.12xlarge", 5.752), ("ml.g6.24xlarge", 8.344),
         ("ml.g6.48xlarge", 16.688),
     ]),
-    ("eastus", _AZURE_EASTUS_NC, [
+    ("us-west-2", _SAGEMAKER_P_USW2, _READ_ON_P, [
+        ("ml.p4d.24xlarge", 25.251), ("ml.p5.48xlarge", 63.296),
+    ]),
+    ("us-east-1", _SAGEMAKER_P_USE1, _READ_ON_P, [
+        ("ml.p4de.24xlarge", 31.5641075),
+    ]),
+    ("eastus", _AZURE_EASTUS_NC, _READ_ON, [
         ("Standard_NC24ads_A100_v4", 3.673), ("Standard_NC48ads_A100_v4", 7.346),
         ("Standard_NC96ads_A100_v4", 14.692),
     ]),
-    ("westeurope", _AZURE_WESTEU_NC, [
+    ("westeurope", _AZURE_WESTEU_NC, _READ_ON, [
         ("Standard_NC24ads_A100_v4", 4.0416), ("Standard_NC48ads_A100_v4", 8.0832),
         ("Standard_NC96ads_A100_v4", 16.1664),
     ]),
-    ("eastus", _AZURE_EASTUS_ND, [
+    ("eastus", _AZURE_EASTUS_ND, _READ_ON, [
         ("Standard_ND96asr_v4", 27.197), ("Standard_ND96isr_H100_v5", 98.32),
     ]),
 ]
@@ -97,11 +117,11 @@ _TABLES: list[tuple[str, str, list[tuple[str, float]]]] = [
 
 def _build() -> dict[tuple[str, str], Price]:
     book: dict[tuple[str, str], Price] = {}
-    for region, source, rows in _TABLES:
+    for region, source, read_on, rows in _TABLES:
         for instance_type, usd in rows:
             gpus, model = GPUS[instance_type]
             book[(instance_type, region)] = Price(instance_type, usd, gpus, model, region,
-                                                  _READ_ON, source)
+                                                  read_on, source)
     return book
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 
@@ -48,8 +49,25 @@ def test_unknown_instance_type_is_none() -> None:
 
 
 def test_gpu_count_known_even_without_a_trustworthy_price() -> None:
-    assert gpus_of("ml.p5.48xlarge") == 8
-    assert lookup("ml.p5.48xlarge") is None
+    assert gpus_of("ml.g6.16xlarge") == 1
+    assert lookup("ml.g6.16xlarge") is None
+
+
+@pytest.mark.parametrize("instance_type", ["ml.p4d.24xlarge", "ml.p4de.24xlarge",
+                                           "ml.p5.48xlarge"])
+def test_p_family_prices_agree_with_the_ec2_list_price_their_source_names(
+        instance_type: str) -> None:
+    """The SageMaker P-family rows are post-cut training prices from secondary sources;
+    each must stay equal to 1.15 x the EC2 list price quoted in its own source, so an
+    edited number without an edited source fails here."""
+    price = lookup(instance_type)
+    assert price is not None and price.gpus == 8
+    ec2_name = instance_type.removeprefix("ml.")
+    quoted = re.search(rf"{re.escape(ec2_name)} ([0-9.]+)", price.source)
+    assert quoted, f"{instance_type}: its source does not quote the EC2 price"
+    assert price.usd_per_hour == pytest.approx(float(quoted.group(1)) * 1.15, abs=0.005)
+    # And the post-cut rate, not the pre-cut one (ml.p4d.24xlarge was 37.688 before).
+    assert price.usd_per_gpu_hour < 8.0
 
 
 def test_provider_of() -> None:
