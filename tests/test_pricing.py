@@ -235,3 +235,22 @@ def test_cli_refresh_fetches_live_and_show_lists_it(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "shipped" in res.output
     bad = CliRunner().invoke(app, ["prices", "refresh", "nonsense"])
     assert bad.exit_code == 2 and "TYPE@REGION" in bad.output
+
+
+def test_cli_show_json_lists_every_price_whole(tmp_path: Path) -> None:
+    """``prices show --format json``: the book with nothing folded, for scripts."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    res = CliRunner().invoke(app, ["prices", "show", "--format", "json",
+                                   "--cache", str(tmp_path / "none.json")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["schema"] == "trainguard.prices/v1"
+    rows = {(r["instance_type"], r["region"]): r for r in doc["prices"]}
+    assert set(rows) == set(BOOK)
+    p5 = rows[("ml.p5.48xlarge", "us-west-2")]
+    assert p5["usd_per_hour"] == BOOK[("ml.p5.48xlarge", "us-west-2")].usd_per_hour
+    assert p5["usd_per_gpu_hour"] == p5["usd_per_hour"] / 8
+    assert "Pricing API" in p5["source"] and p5["read_on"]

@@ -8,7 +8,6 @@ line and reason, never a traceback.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import re
 import shlex
@@ -30,7 +29,7 @@ from checker.model import Job, Severity
 from checker.policy import Policy
 from checker.registry import RULES, rule_names
 from trainguard import report
-from trainguard.report import Checked, Run
+from trainguard.report import Checked, OutputFormat, Run
 
 app = typer.Typer(
     help="A watchdog for expensive ML training jobs: judge runs, replay them, manage policies.",
@@ -46,11 +45,6 @@ err = Console(stderr=True, highlight=False)
 PROGRESS_AFTER = 3
 #: Default replay tick: the watchdog's usual cadence (seconds, or steps on a step clock).
 DEFAULT_TICK = 60.0
-
-
-class OutputFormat(enum.StrEnum):
-    table = "table"
-    json = "json"
 
 
 def fail(message: str) -> NoReturn:

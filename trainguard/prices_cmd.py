@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from trainguard.report import OutputFormat
 
 prices_app = typer.Typer(help="The GPU price book and its live refresh.", no_args_is_help=True)
 CacheOpt = Annotated[Path | None, typer.Option(
@@ -27,13 +31,22 @@ def _table(*columns: str) -> Table:
 
 
 @prices_app.command("show")
-def show(cache: CacheOpt = None) -> None:
+def show(cache: CacheOpt = None,
+         format: Annotated[OutputFormat, typer.Option(
+             "--format", help="table, or json with every field whole.")] = OutputFormat.table,
+         ) -> None:
     """Every price in use: the shipped book with cached live prices over it, each with its
     region, the date it was read and its source."""
     from adapters.pricing import current_book
 
+    book = sorted(current_book(cache).items())
+    if format is OutputFormat.json:
+        rows = [{**dataclasses.asdict(p), "usd_per_gpu_hour": p.usd_per_gpu_hour}
+                for _, p in book]
+        typer.echo(json.dumps({"schema": "trainguard.prices/v1", "prices": rows}, indent=2))
+        return
     t = _table("instance type", "region", "$/hour", "GPUs", "read on", "source")
-    for (itype, region), p in sorted(current_book(cache).items()):
+    for (itype, region), p in book:
         t.add_row(itype, region, f"{p.usd_per_hour:,.3f}", str(p.gpus), p.read_on, p.source)
     _console().print(t)
 

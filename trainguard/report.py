@@ -20,6 +20,13 @@ from rich.table import Table
 from checker.model import Finding, Job, Severity, verdict
 from trainguard.replay import Fire, History, ReplayResult, Savings, first_record
 
+
+class OutputFormat(enum.StrEnum):
+    """``--format``: rich tables for people, JSON for programs."""
+
+    table = "table"
+    json = "json"
+
 SCHEMA = "trainguard.check/v1"
 
 _STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "bold red"}
