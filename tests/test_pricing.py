@@ -254,3 +254,20 @@ def test_cli_show_json_lists_every_price_whole(tmp_path: Path) -> None:
     assert p5["usd_per_hour"] == BOOK[("ml.p5.48xlarge", "us-west-2")].usd_per_hour
     assert p5["usd_per_gpu_hour"] == p5["usd_per_hour"] / 8
     assert "Pricing API" in p5["source"] and p5["read_on"]
+
+
+def test_cli_show_table_is_one_line_per_price_on_a_narrow_terminal(tmp_path: Path) -> None:
+    """Sources are paragraphs; the table cuts them (and says so) instead of folding."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    res = CliRunner().invoke(app, ["prices", "show", "--cache", str(tmp_path / "none.json")],
+                             env={"COLUMNS": "100"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    p5 = [line for line in lines if "ml.p5.48xlarge" in line]
+    assert len(p5) == 1 and "63.296" in p5[0] and "us-west-2" in p5[0]
+    assert len([line for line in lines if line.startswith("│")]) == len(BOOK)
+    assert "--format json" in res.output

@@ -41,14 +41,25 @@ def show(cache: CacheOpt = None,
 
     book = sorted(current_book(cache).items())
     if format is OutputFormat.json:
-        rows = [{**dataclasses.asdict(p), "usd_per_gpu_hour": p.usd_per_gpu_hour}
-                for _, p in book]
-        typer.echo(json.dumps({"schema": "trainguard.prices/v1", "prices": rows}, indent=2))
+        doc = [{**dataclasses.asdict(p), "usd_per_gpu_hour": p.usd_per_gpu_hour}
+               for _, p in book]
+        typer.echo(json.dumps({"schema": "trainguard.prices/v1", "prices": doc}, indent=2))
         return
-    t = _table("instance type", "region", "$/hour", "GPUs", "read on", "source")
-    for (itype, region), p in book:
-        t.add_row(itype, region, f"{p.usd_per_hour:,.3f}", str(p.gpus), p.read_on, p.source)
-    _console().print(t)
+    rows = [(itype, region, f"{p.usd_per_hour:,.3f}", str(p.gpus), p.read_on, p.source)
+            for (itype, region), p in book]
+    heads = ("instance type", "region", "$/hour", "GPUs", "read on")
+    console = _console()
+    t = Table(caption="Sources are cut to fit; --format json prints them whole.")
+    for c in heads:
+        t.add_column(c, no_wrap=True)
+    # A source is a paragraph: folded, it made the table hundreds of lines tall. It gets
+    # what the other columns leave (each is as wide as its longest cell, plus 3 for borders).
+    used = sum(max(len(c), *(len(r[i]) for r in rows)) + 3 for i, c in enumerate(heads)) + 4
+    t.add_column("source", overflow="ellipsis", no_wrap=True,
+                 max_width=max(console.width - used, 20))
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
 
 
 @prices_app.command("refresh")
