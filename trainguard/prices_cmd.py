@@ -53,8 +53,9 @@ def show(cache: CacheOpt = None,
     for c in heads:
         t.add_column(c, no_wrap=True)
     # A source is a paragraph: folded, it made the table hundreds of lines tall. It gets
-    # what the other columns leave (each is as wide as its longest cell, plus 3 for borders).
-    used = sum(max(len(c), *(len(r[i]) for r in rows)) + 3 for i, c in enumerate(heads)) + 4
+    # what the other columns leave (each as wide as its longest cell, plus 3 for borders;
+    # zip stops at the heads, so the source is not measured).
+    used = sum(max(map(len, column)) + 3 for column in zip(heads, *rows, strict=False)) + 4
     t.add_column("source", overflow="ellipsis", no_wrap=True,
                  max_width=max(console.width - used, 20))
     for r in rows:

@@ -20,16 +20,16 @@ from rich.table import Table
 from checker.model import Finding, Job, Severity, verdict
 from trainguard.replay import Fire, History, ReplayResult, Savings, first_record
 
+SCHEMA = "trainguard.check/v1"
+
+_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "bold red"}
+
 
 class OutputFormat(enum.StrEnum):
     """``--format``: rich tables for people, JSON for programs."""
 
     table = "table"
     json = "json"
-
-SCHEMA = "trainguard.check/v1"
-
-_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "bold red"}
 
 
 @dataclass
