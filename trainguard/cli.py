@@ -7,7 +7,10 @@ line and reason, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
+import fnmatch
 import os
 import re
 import shlex
@@ -45,6 +48,24 @@ err = Console(stderr=True, highlight=False)
 PROGRESS_AFTER = 3
 #: Default replay tick: the watchdog's usual cadence (seconds, or steps on a step clock).
 DEFAULT_TICK = 60.0
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"trainguard {version('trainguard')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("trainguard (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(show_version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_version,
+        help="Print the installed version and exit.")] = False) -> None:
+    """A watchdog for expensive ML training jobs: judge runs, replay them, manage policies."""
 
 
 def fail(message: str) -> NoReturn:
@@ -128,20 +149,34 @@ def _natural(path: Path) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
 
 
-def _local_load(path: Path, definitions: list[Any] | None) -> Run:
-    from adapters.local import detect_format, load_run
+def _local_load(path: Path, definitions: list[Any] | None) -> list[Run]:
+    from adapters.local import detect_format, load_runs
 
     fmt = detect_format(path)
-    return Run(str(path), fmt, load_run(path, definitions=definitions, fmt=fmt))
+    return [Run(str(f.path), fmt, f.job, f.aliases) for f in load_runs(path, definitions, fmt)]
+
+
+def _local_ids(runs: list[Run]) -> None:
+    from adapters.local import Found, assign_ids
+
+    found = [Found(Path(r.path), r.aliases[-1] if r.aliases else None, r.job) for r in runs]
+    assign_ids(found)
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
     files: Callable[[Path], list[Path]]  # a PATH argument -> the run files in it
-    load: Callable[[Path, list[Any] | None], Run]
+    load: Callable[[Path, list[Any] | None], list[Run]]  # a run file -> its runs
+    ids: Callable[[list[Run]], None]  # ids that tell every run apart
 
 
-SOURCES: dict[str, Source] = {"local": Source(_local_files, _local_load)}
+SOURCES: dict[str, Source] = {"local": Source(_local_files, _local_load, _local_ids)}
+
+
+def _selected(run: Run, patterns: list[str]) -> bool:
+    """``--run`` patterns (shell-style) against the run's id and every name it answers to."""
+    names = {run.job.id, run.job.name, *run.aliases}
+    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names if n)
 
 
 def _apply_overrides(job: Job, price: float | None, gpus: int | None) -> None:
@@ -181,8 +216,10 @@ def cloud_jobs(source: str, opts: list[str], refs: list[str], now: float) -> lis
 
 
 def load_runs(paths: list[Path], source: str, metrics: list[str] | None,
-              price: float | None, gpus: int | None) -> Iterator[Run]:
-    """Every run under ``paths``, loaded one by one (with a progress bar when many)."""
+              price: float | None, gpus: int | None,
+              select: list[str] | None = None) -> list[Run]:
+    """Every run under ``paths`` (with a progress bar when many files), each with an id
+    that tells it from the others; ``select`` keeps the runs ``--run`` names."""
     if source not in SOURCES:
         fail(f"--source {source!r}: unknown source (known: {', '.join(sorted(SOURCES))})")
     src = SOURCES[source]
@@ -191,14 +228,23 @@ def load_runs(paths: list[Path], source: str, metrics: list[str] | None,
         files = [f for p in paths for f in src.files(p)]
     if not files:
         fail(f"no run files found in {', '.join(map(str, paths))}")
+    runs: list[Run] = []
     with Progress(console=err, transient=True, disable=len(files) <= PROGRESS_AFTER) as bar:
         task = bar.add_task("reading runs", total=len(files))
         for f in files:
             with bad_input():
-                run = src.load(f, definitions)
-            _apply_overrides(run.job, price, gpus)
-            yield run
+                runs += src.load(f, definitions)
             bar.advance(task)
+    src.ids(runs)
+    if select:
+        picked = [r for r in runs if _selected(r, select)]
+        if not picked:
+            known = ", ".join(r.job.id for r in runs[:20])
+            fail(f"--run {', '.join(select)}: no such run (runs: {known})")
+        runs = picked
+    for run in runs:
+        _apply_overrides(run.job, price, gpus)
+    return runs
 
 
 def _plot_path(base: Path, run: Run, many: bool) -> Path:
@@ -235,21 +281,79 @@ PlotOpt = Annotated[Path | None, typer.Option(
 PriceOpt = Annotated[float | None, typer.Option(
     "--price", metavar="USD_PER_HOUR", min=0.0,
     help="Hourly cost of the whole job, overriding the policy and price book.")]
+RunOpt = Annotated[list[str] | None, typer.Option(
+    "--run", metavar="PATTERN",
+    help="Judge only the runs whose id or name matches (repeatable; shell patterns such "
+         "as 'exp1/*'); an MLflow run also by its run id.")]
 GpusOpt = Annotated[int | None, typer.Option(
     "--gpus", min=0, help="GPUs per instance, for GPU-hours (local logs do not say).")]
 
 
 # --- check ------------------------------------------------------------------------------------
 
+def judge_finished(run: Run, policy: Policy, rules: list[Any], now: float | None) -> Checked:
+    """A run from a file judged as of its last record (or ``now``), on everything it
+    recorded, as the watchdog saw it then: a run that has since finished is judged as it
+    was while running, so ``check`` says what the last tick of ``replay`` says."""
+    job = run.job
+    at = job.last_time() if now is None else now
+    if at is None:
+        return Checked(run, None, [], no_data=no_data_reason(run))
+    findings = evaluate([job.until(at)], policy, at, rules=rules)
+    reason = None if any(len(s) for s in job.series.values()) else no_data_reason(run)
+    return Checked(run, at, findings, no_data=reason)
+
+
+def no_data_reason(run: Run) -> str:
+    """Why a run has nothing to judge, as the user can act on it."""
+    path = Path(run.path)
+    try:
+        size = path.stat().st_size if path.is_file() else None
+        with open(path, "rb") if path.is_file() else contextlib.nullcontext(None) as f:
+            head = f.read(4096) if f is not None else b""
+    except OSError:
+        size, head = None, b""
+    if size == 0:
+        return "no data: the file is empty"
+    if b"\0" in head and not head.startswith(b"\x1f\x8b"):
+        return "no data: a binary file, not a training log"
+    lines = len(run.job.logs)
+    if lines:
+        return (f"no data: no metric or step recognised in {lines} line(s) "
+                "(add --metric NAME=REGEX for this log's format)")
+    return f"no data: no records in this {run.fmt or 'run'}"
+
+
+def warn_unknown_series(policy: Policy, jobs: list[Job]) -> None:
+    """A policy that maps or names a series no run has is almost surely a typo."""
+    if not jobs:
+        return
+    have = {k for j in jobs for k, s in j.series.items()}
+    named = [(f"metrics.{k}", v) for k, v in policy.metrics.items()]
+    for name in rule_names():
+        for key in ("metric", "metrics"):
+            value = policy.rule(name).params.get(key)
+            values = value if isinstance(value, list | tuple) else [value]
+            named += [(f"rules.{name}.params.{key}", v) for v in values if isinstance(v, str)]
+    for where, series in named:
+        if series not in have:
+            close = difflib.get_close_matches(series, sorted(have), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            err.print(f"[yellow]trainguard: warning:[/] policy {policy.name!r}: {where} "
+                      f"names series {series!r}, which no run has{hint}", soft_wrap=True)
+
+
 @app.command()
 def check(paths: OptionalPathsArg = None, policy: PolicyOpt = None, metric: MetricOpt = None,
           format: FormatOpt = OutputFormat.table, source: SourceOpt = "local",
-          opt: OptOpt = None, now: NowOpt = None,
+          opt: OptOpt = None, now: NowOpt = None, run: RunOpt = None,
           plot: PlotOpt = None, price: PriceOpt = None, gpus: GpusOpt = None) -> None:
-    """Judge each run; exit 1 if any finding is critical.
+    """Judge each run; exit 1 if any finding is critical, 2 if a run has no data.
 
-    Local files are judged as of their last record. With a provider --source the running
-    jobs are listed and judged as of now (or --now), and PATHS, if any, name the jobs.
+    Local files are judged as of their last record, on everything they recorded (a finished
+    run as it was while it ran: what the last tick of ``replay`` says). With a provider
+    --source the running jobs are listed and judged as of now (or --now), and PATHS, if
+    any, name the jobs.
     """
     pol = load_policy(policy)
     rules = build_rules(pol)
@@ -259,24 +363,28 @@ def check(paths: OptionalPathsArg = None, policy: PolicyOpt = None, metric: Metr
         jobs = cloud_jobs(source, opt or [], [str(p) for p in paths or []], at)
         for job in jobs:
             _apply_overrides(job, price, gpus)
-            run = Run(job.console_url or job.id, source, job)
-            checked.append(Checked(run, at, evaluate([job], pol, at, rules=rules)))
-    for run in load_runs(paths or [], source, metric, price, gpus) if source == "local" else []:
-        at_last = run.job.last_time() if now is None else now
-        findings = evaluate([run.job], pol, at_last, rules=rules) if at_last is not None else []
-        checked.append(Checked(run, at_last, findings))
+            cloud_run = Run(job.console_url or job.id, source, job)
+            checked.append(Checked(cloud_run, at, evaluate([job], pol, at, rules=rules)))
+    else:
+        if opt:
+            fail(f"--opt {opt[0]!r}: the local source takes no --opt (they are options of "
+                 "a provider --source)")
+        runs = load_runs(paths or [], source, metric, price, gpus, run)
+        warn_unknown_series(pol, [r.job for r in runs])
+        checked = [judge_finished(r, pol, rules, now) for r in runs]
     if plot is not None:
         from trainguard.plot import markers_from_findings, plot_run
 
         for c in checked:
             plot_run(c.run.job, markers_from_findings(c.findings),
-                     _plot_path(plot, c.run, len(checked) > 1), title=Path(c.run.path).name)
+                     _plot_path(plot, c.run, len(checked) > 1), title=c.run.job.id)
     if format is OutputFormat.json:
         typer.echo(report.dumps(report.check_json(checked, pol.name)))
     else:
         report.print_check(out, checked)
     critical = any(f.severity is Severity.CRITICAL for c in checked for f in c.findings)
-    raise typer.Exit(1 if critical else 0)
+    empty = any(c.verdict == report.NO_DATA for c in checked)
+    raise typer.Exit(1 if critical else 2 if empty else 0)
 
 
 # --- replay -----------------------------------------------------------------------------------
@@ -289,7 +397,7 @@ def replay(paths: PathsArg,
                     "(steps on a run that has only steps).")] = DEFAULT_TICK,
            policy: PolicyOpt = None, metric: MetricOpt = None, plot: PlotOpt = None,
            format: FormatOpt = OutputFormat.table, price: PriceOpt = None,
-           gpus: GpusOpt = None, source: SourceOpt = "local") -> None:
+           gpus: GpusOpt = None, source: SourceOpt = "local", run: RunOpt = None) -> None:
     """Replay finished runs tick by tick as if they were live.
 
     Says when each finding first fired, when it escalated, and what stopping at the first
@@ -300,17 +408,19 @@ def replay(paths: PathsArg,
     pol = load_policy(policy)
     rules = build_rules(pol)
     results = []
-    for run in load_runs(paths, source, metric, price, gpus):
+    runs = load_runs(paths, source, metric, price, gpus, run)
+    warn_unknown_series(pol, [r.job for r in runs])
+    for one in runs:
         try:
-            results.append((run, run_replay(run.job, pol, tick, rules=rules)))
+            results.append((one, run_replay(one.job, pol, tick, rules=rules)))
         except ValueError as e:  # too many ticks: a tick in the wrong unit
-            fail(f"{run.path}: {e}")
+            fail(f"{one.path}: {e}")
     if plot is not None:
         from trainguard.plot import markers_from_replay, plot_run
 
-        for run, r in results:
-            plot_run(run.job, markers_from_replay(r), _plot_path(plot, run, len(results) > 1),
-                     title=f"{Path(run.path).name} (replay, tick {r.tick:g} {r.unit})")
+        for one, r in results:
+            plot_run(one.job, markers_from_replay(r), _plot_path(plot, one, len(results) > 1),
+                     title=f"{one.job.id} (replay, tick {r.tick:g} {r.unit})")
     if format is OutputFormat.json:
         typer.echo(report.dumps(report.replay_json(results, pol.name)))
     else:
@@ -335,7 +445,7 @@ def rules_cmd() -> None:
                       end_section=not params)
         for i, (pname, default, pdoc) in enumerate(params):
             table.add_row("", pname, repr(default), pdoc, end_section=i == len(params) - 1)
-    out.print(table)
+    report.fit_output(out).print(table)
 
 
 def effective_policy(policy: Policy) -> dict[str, Any]:

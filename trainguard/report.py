@@ -22,7 +22,36 @@ from trainguard.replay import Fire, History, ReplayResult, Savings, first_record
 
 SCHEMA = "trainguard.check/v1"
 
-_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "bold red"}
+#: the verdict of a run with no records: nothing to judge is not "ok"
+NO_DATA = "no data"
+#: console width when the output is a pipe, a file or a CI log: wide enough that no table
+#: column is folded; a person reading such a log scrolls sideways, a program reads JSON
+PIPE_WIDTH = 1000
+
+_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "bold red",
+          NO_DATA: "magenta"}
+
+#: the series a rule judges when its evidence does not name one
+RULE_SERIES = {"stall": "step", "restarts": "step", "utilization": "gpu_util",
+               "slowdown": "throughput"}
+
+
+def fit_output(console: Console) -> Console:
+    """Tables at their natural width when not on a terminal (no 80-column wrap into
+    boxes in a pipe or a CI log); on a terminal, the terminal's width."""
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def series_of(f: Finding, job: Job | None = None) -> str | None:
+    """The series a finding judged, by its own name in the run (``eval_loss`` for a
+    ``val_loss`` the reader recognised)."""
+    name = f.evidence.get("metric") or f.evidence.get("series") or RULE_SERIES.get(f.rule)
+    if not isinstance(name, str):
+        return None
+    s = job.series.get(name) if job is not None else None
+    return s.name if s is not None else name
 
 
 class OutputFormat(enum.StrEnum):
@@ -39,6 +68,9 @@ class Run:
     path: str
     fmt: str | None
     job: Job
+    # other names the run answers to (an MLflow run id and name); the last is its name
+    # inside its store (``experiment/run``)
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass
@@ -46,9 +78,12 @@ class Checked:
     run: Run
     now: float | None  # the run's last record: what "now" meant for the check
     findings: list[Finding]
+    no_data: str | None = None  # why nothing could be judged (no records), else None
 
     @property
     def verdict(self) -> str:
+        if self.no_data is not None and not self.findings:
+            return NO_DATA
         return verdict(self.findings)
 
 
@@ -59,7 +94,7 @@ def replay_verdict(result: ReplayResult) -> str:
 
 
 def worst_of(verdicts: list[str]) -> str:
-    order = ["ok", "info", "warning", "critical"]
+    order = ["ok", NO_DATA, "info", "warning", "critical"]
     return max(verdicts, key=order.index) if verdicts else "ok"
 
 
@@ -96,6 +131,7 @@ def finding_json(f: Finding, job: Job, start: float | None) -> dict[str, Any]:
     return {
         "key": f.key,
         "rule": f.rule,
+        "series": series_of(f, job),
         "severity": f.severity.value,
         "step": f.step,
         "time": f.started_at,
@@ -118,7 +154,7 @@ def check_json(checked: list[Checked], policy_name: str) -> dict[str, Any]:
     for c in checked:
         start = first_record(c.run.job)
         runs.append(_run_json(c.run, c.verdict) | {
-            "now": c.now,
+            "now": c.now, "no_data": c.no_data,
             "findings": [finding_json(f, c.run.job, start) for f in c.findings],
         })
     return _document("check", policy_name, runs)
@@ -214,10 +250,11 @@ def _findings_table(c: Checked) -> Table:
     cols: list[tuple[str, Callable[[Finding], str]]] = [
         ("severity", lambda f: _sev(f.severity.value)),
         ("rule", lambda f: f.rule),
-        ("step", lambda f: fmt_step(f.step)),
+        ("series", lambda f: series_of(f, job) or "-"),
+        ("from step", lambda f: fmt_step(f.step)),
     ]
     if job.clock != "step":
-        cols.append(("since", lambda f: fmt_when(job, f.started_at, start)))
+        cols.append(("from time", lambda f: fmt_when(job, f.started_at, start)))
     cols.append(("message", lambda f: f.message))
     if priced:
         cols += [("burnt", lambda f: fmt_usd(f.burnt_usd)),
@@ -232,11 +269,21 @@ def _findings_table(c: Checked) -> Table:
     return table
 
 
+#: what the findings table's less obvious columns mean, printed under it
+CHECK_LEGEND = ("series: what the rule judged; from step / from time: where the trouble "
+                "began (time since the run's first record)")
+
+
 def print_check(console: Console, checked: list[Checked]) -> None:
+    fit_output(console)
     for c in checked:
         _heading(console, c.run, c.verdict)
+        if c.no_data is not None and not c.findings:
+            console.print(f"  {c.no_data}", highlight=False, soft_wrap=True)
         if c.findings:
             console.print(_findings_table(c))
+    if any(c.findings for c in checked):
+        console.print(f"[dim]{CHECK_LEGEND}[/]", soft_wrap=True)
     _summary(console, [c.verdict for c in checked])
 
 
@@ -265,17 +312,20 @@ def savings_text(s: Savings, job: Job, start: float) -> str:
 
 
 def print_replay(console: Console, results: list[tuple[Run, ReplayResult]]) -> None:
+    fit_output(console)
     for run, r in results:
         unit = "steps" if r.unit == "step" else "s"
         _heading(console, run, replay_verdict(r), f", {r.ticks} ticks of {r.tick:g} {unit}")
         if r.histories:
             table = Table(show_edge=False, pad_edge=False)
-            for col in ("rule", "first fired", "as", "escalated", "last seen", "message"):
+            for col in ("rule", "series", "first fired", "as", "escalated", "last seen",
+                        "message"):
                 table.add_column(col, overflow="fold", ratio=3 if col == "message" else None)
             for h in r.histories:
                 esc = ", ".join(f"{_sev(e.severity.value)} at {_fire_text(e, r.job, r.start)}"
                                 for e in h.escalations)
-                table.add_row(h.rule, _fire_text(h.first, r.job, r.start),
+                table.add_row(h.rule, series_of(h.finding, r.job) or "-",
+                              _fire_text(h.first, r.job, r.start),
                               _sev(h.first.severity.value), esc or "-",
                               _fire_text(h.last_seen, r.job, r.start), h.finding.message)
             console.print(table)
@@ -288,6 +338,7 @@ def print_replay(console: Console, results: list[tuple[Run, ReplayResult]]) -> N
 def _summary(console: Console, verdicts: list[str]) -> None:
     if len(verdicts) < 2:
         return
-    counts = {v: verdicts.count(v) for v in ("critical", "warning", "info", "ok") if v in verdicts}
+    counts = {v: verdicts.count(v) for v in ("critical", "warning", "info", "ok", NO_DATA)
+              if v in verdicts}
     console.print(f"{len(verdicts)} runs: "
                   + ", ".join(f"{n} {_sev(v)}" for v, n in counts.items()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters.local.base import Reader
+from adapters.local.base import Found, Reader
 from adapters.local.definitions import (
     DEFAULT_DEFINITIONS,
     MetricDefinition,
@@ -18,6 +18,7 @@ from adapters.local.definitions import (
 )
 from adapters.local.errors import FormatError
 from adapters.local.hf import HuggingFaceReader
+from adapters.local.ids import distinguishing_ids, run_parts
 from adapters.local.jsonl import JsonLinesReader
 from adapters.local.mlflow import MlflowReader
 from adapters.local.tabular import CsvReader
@@ -29,7 +30,8 @@ from checker.model import Job
 # text, which reads anything, last.
 FORMATS: dict[str, Reader] = {
     r.name: r
-    for r in (MlflowReader(), TensorBoardReader(), HuggingFaceReader(), JsonLinesReader(),
+    # a Trainer output folder holds TensorBoard logs too: it is one run, the Trainer's
+    for r in (MlflowReader(), HuggingFaceReader(), TensorBoardReader(), JsonLinesReader(),
               CsvReader(), TextReader())
 }
 
@@ -70,7 +72,28 @@ def load_run(path: str | Path, definitions: list[MetricDefinition] | None = None
     return job
 
 
+def load_runs(path: str | Path, definitions: list[MetricDefinition] | None = None,
+              fmt: str | None = None) -> list[Found]:
+    """Every run in ``path``: one for a log file; one per run for an MLflow store and a
+    TensorBoard log dir. Ids are not yet unique across paths: see ``assign_ids``."""
+    if fmt is None:
+        fmt = detect_format(path)
+    reader = FORMATS.get(fmt)
+    if reader is None:
+        raise FormatError(path, f"unknown format {fmt!r} (known: {', '.join(sorted(FORMATS))})")
+    return reader.read_all(path, definitions)
+
+
+def assign_ids(found: list[Found]) -> None:
+    """Give every run an id that tells it from the others: its name in its store
+    (``experiment/run``) or its path's nearest distinguishing parts."""
+    parts = [run_parts(f.path) + ([f.label] if f.label else []) for f in found]
+    for f, id_ in zip(found, distinguishing_ids(parts), strict=True):
+        f.job.id = id_
+
+
 __all__ = [
-    "DEFAULT_DEFINITIONS", "FORMATS", "FormatError", "MetricDefinition", "Reader",
-    "detect_format", "load_definitions", "load_run", "parse_metric_option",
+    "DEFAULT_DEFINITIONS", "FORMATS", "FormatError", "Found", "MetricDefinition", "Reader",
+    "assign_ids", "detect_format", "load_definitions", "load_run", "load_runs",
+    "parse_metric_option",
 ]

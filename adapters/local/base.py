@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO, ClassVar
@@ -23,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adapters.local.definitions import MetricDefinition
+from adapters.local.names import recognise
 from checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
 
 NAN = math.nan
@@ -224,6 +226,7 @@ class RunBuilder:
         first += [job.logs[0].time] if job.logs else []
         job.start_time = self.start_time if self.start_time is not None else (
             min(first) if first else None)
+        recognise(job)
         return job
 
     @staticmethod
@@ -237,6 +240,18 @@ class RunBuilder:
         idx = idx[first]
         idx = idx[np.argsort(time[idx], kind="stable")]
         return Series("step", time[idx], step[idx], step[idx])
+
+
+@dataclass
+class Found:
+    """One run in a file or folder: where it lies (a run folder inside a TensorBoard log
+    dir, or the store), its name inside a store (``experiment/run``; None when the path
+    names it), the other names it answers to (an MLflow run id), and the job read."""
+
+    path: Path
+    label: str | None
+    job: Job
+    aliases: tuple[str, ...] = ()
 
 
 class Reader(ABC):
@@ -269,6 +284,12 @@ class Reader(ABC):
         builder = RunBuilder(p)
         self.collect(p, builder, definitions, run)
         return builder.build(self.default_id(p))
+
+    def read_all(self, path: str | Path, definitions: list[MetricDefinition] | None = None
+                 ) -> list[Found]:
+        """Every run in ``path``: one for a file; a store or a log dir may hold many."""
+        p = Path(path)
+        return [Found(p, None, self.read(p, definitions))]
 
     @abstractmethod
     def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,

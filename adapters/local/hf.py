@@ -1,6 +1,11 @@
 """Hugging Face ``trainer_state.json``: ``log_history`` entries of step, loss, eval_loss,
 learning_rate, grad_norm and epoch; ``max_steps`` is the planned steps. No timestamps, so
-the clock is the step."""
+the clock is the step.
+
+A Trainer's output folder is one run: each ``checkpoint-N/`` holds the state as it was at
+step N, so the run is read from the latest state (the highest ``global_step``; a
+``trainer_state.json`` of the folder itself, from ``trainer.save_state()``, counts too).
+"""
 
 from __future__ import annotations
 
@@ -30,12 +35,40 @@ def _number(value: Any) -> float | None:
     return None
 
 
+def states(folder: Path) -> list[Path]:
+    """The trainer states of an output folder: its own and each ``checkpoint-N``'s."""
+    found = [folder / "trainer_state.json"] if (folder / "trainer_state.json").is_file() else []
+    return found + sorted(folder.glob("checkpoint-*/trainer_state.json"))
+
+
+def _global_step(path: Path) -> float:
+    """The step a state was saved at: ``global_step`` (the folder's N when unreadable)."""
+    try:
+        with open_text(path) as f:
+            value = _number(json.loads(f.read()).get("global_step"))
+        if value is not None:
+            return value
+    except (ValueError, AttributeError, FormatError):
+        pass
+    tail = path.parent.name.rpartition("-")[2]
+    return float(tail) if tail.isdigit() else -1.0
+
+
+def latest_state(folder: Path) -> Path:
+    found = states(folder)
+    if not found:
+        raise FormatError(folder, "no trainer_state.json in this folder or its checkpoint-N "
+                          "folders")
+    # the latest by step, and by time written between equal steps
+    return max(found, key=lambda p: (_global_step(p), p.stat().st_mtime_ns))
+
+
 class HuggingFaceReader(Reader):
     name = "hf"
 
     def matches_name(self, path: Path) -> bool:
         if path.is_dir():
-            return (path / "trainer_state.json").is_file()
+            return bool(states(path))
         return plain_name(path) == "trainer_state.json"
 
     def matches_content(self, path: Path) -> bool:
@@ -50,7 +83,7 @@ class HuggingFaceReader(Reader):
     def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
                 select: str | None) -> None:
         if path.is_dir():
-            path = path / "trainer_state.json"
+            path = latest_state(path)
         with open_text(path) as f:
             text = f.read()
         if not text.strip():

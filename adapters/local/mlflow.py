@@ -7,7 +7,8 @@
   NaN as value 0 with ``is_nan`` set, and an infinity as the largest float; both are
   turned back into NaN and inf here.
 
-The run is the one named by ``run`` (its id or its name), else the most recent.
+``read_all`` gives every active run of the store, named ``experiment/run name``; ``read``
+(``load_run``) the one named by ``run`` (its id or its name), else the most recent.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Reader, RunBuilder, open_text
+from adapters.local.base import Found, Reader, RunBuilder, open_text
 from adapters.local.definitions import MetricDefinition
 from adapters.local.errors import FormatError
 from checker.model import JobState
@@ -41,6 +42,7 @@ class RunInfo:
     end_ms: float | None
     where: Path  # the run folder (file store) or the database
     tags: dict[str, str] = field(default_factory=dict)
+    experiment: str = ""  # the experiment's name (its id when it has none)
 
 
 def _status(value: Any) -> str:
@@ -100,6 +102,9 @@ class _FileStore:
                           if (run / "meta.yaml").is_file() and (run / "metrics").is_dir()]
         out = []
         for run in candidates:
+            exp_meta = run.parent / "meta.yaml"
+            experiment = str((cls.meta(exp_meta) if exp_meta.is_file() else {}).get("name")
+                             or run.parent.name)
             meta = cls.meta(run / "meta.yaml")
             if meta.get("lifecycle_stage", "active") != "active":
                 continue
@@ -109,7 +114,7 @@ class _FileStore:
             out.append(RunInfo(str(meta.get("run_id") or run.name),
                                str(meta.get("run_name") or tags.get("mlflow.runName", "")),
                                _status(meta.get("status")), _ms(meta.get("start_time")),
-                               _ms(meta.get("end_time")), run, tags))
+                               _ms(meta.get("end_time")), run, tags, experiment))
         return out
 
     @staticmethod
@@ -141,10 +146,12 @@ class _SqlStore:
 
     @staticmethod
     def runs(db: sqlite3.Connection, path: Path) -> list[RunInfo]:
-        rows = db.execute("SELECT run_uuid, name, status, start_time, end_time FROM runs "
-                          "WHERE lifecycle_stage IS NULL OR lifecycle_stage = 'active'")
-        return [RunInfo(str(r[0]), str(r[1] or ""), _status(r[2]), _ms(r[3]), _ms(r[4]), path)
-                for r in rows]
+        names = {str(k): str(v or k) for k, v in db.execute(
+            "SELECT experiment_id, name FROM experiments")}
+        rows = db.execute("SELECT run_uuid, name, status, start_time, end_time, experiment_id "
+                          "FROM runs WHERE lifecycle_stage IS NULL OR lifecycle_stage = 'active'")
+        return [RunInfo(str(r[0]), str(r[1] or ""), _status(r[2]), _ms(r[3]), _ms(r[4]), path,
+                        experiment=names.get(str(r[5]), str(r[5]))) for r in rows]
 
     @staticmethod
     def metrics(db: sqlite3.Connection, info: RunInfo, run: RunBuilder) -> None:
@@ -176,28 +183,78 @@ class MlflowReader(Reader):
     def default_id(self, path: Path) -> str:
         return path.name
 
-    def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
-                select: str | None) -> None:
+    def _store(self, path: Path) -> Path:
         if path.is_dir() and (path / "mlflow.db").is_file() and not (path / "mlruns").is_dir():
-            path = path / "mlflow.db"
+            return path / "mlflow.db"
+        return path
+
+    def _each(self, path: Path, select: str | None, every: bool,
+              fill: Any) -> list[RunInfo]:
+        """The runs of the store (every one, or the one picked), each read into
+        ``fill(info)``'s builder."""
         if path.is_file():
             db = _SqlStore.connect(path)
             try:
-                info = _pick(_SqlStore.runs(db, path), select, path)
-                _SqlStore.metrics(db, info, run)
+                runs = _SqlStore.runs(db, path)
+                if not runs:
+                    raise FormatError(path, "no MLflow runs in this store")
+                picked = runs if every else [_pick(runs, select, path)]
+                for info in picked:
+                    _SqlStore.metrics(db, info, fill(info))
             except sqlite3.Error as e:
                 raise FormatError(path, f"not an MLflow database: {e}") from None
             finally:
                 db.close()
         else:
-            info = _pick(_FileStore.runs(path), select, path)
-            _FileStore.metrics(info, run)
-        run.id = info.run_id
-        run.name = info.name or info.run_id
-        run.raw_state = info.status
-        run.state = STATES.get(info.status, JobState.UNKNOWN)
-        run.tags = {k: v for k, v in info.tags.items() if not k.startswith("mlflow.")}
-        if info.start_ms is not None:
-            run.start_time = info.start_ms / 1000.0
-        if info.end_ms is not None and run.state.terminal:
-            run.end_time = info.end_ms / 1000.0
+            runs = _FileStore.runs(path)
+            if not runs:
+                raise FormatError(path, "no MLflow runs in this store")
+            picked = runs if every else [_pick(runs, select, path)]
+            for info in picked:
+                _FileStore.metrics(info, fill(info))
+        return picked
+
+    def read_all(self, path: str | Path, definitions: list[MetricDefinition] | None = None
+                 ) -> list[Found]:
+        """Every active run, oldest first, named ``experiment/run name`` (with the start of
+        its run id where two runs of one experiment share a name)."""
+        p = Path(path)
+        if not p.exists():
+            raise FormatError(p, "no such file or directory")
+        store = self._store(p)
+        builders: dict[str, RunBuilder] = {}
+
+        def fill(info: RunInfo) -> RunBuilder:
+            builders[info.run_id] = RunBuilder(p)
+            return builders[info.run_id]
+
+        runs = sorted(self._each(store, None, True, fill),
+                      key=lambda r: (r.start_ms or 0.0, r.run_id))
+        labels = [f"{r.experiment}/{r.name or r.run_id}" for r in runs]
+        out = []
+        for info, label in zip(runs, labels, strict=True):
+            if labels.count(label) > 1:
+                label = f"{label}-{info.run_id[:8]}"
+            b = builders[info.run_id]
+            _describe(b, info)
+            out.append(Found(p, label, b.build(info.run_id),
+                             aliases=(info.run_id, info.name, label)))
+        return out
+
+    def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
+                select: str | None) -> None:
+        infos = self._each(self._store(path), select, False, lambda info: run)
+        _describe(run, infos[0])
+
+
+def _describe(run: RunBuilder, info: RunInfo) -> None:
+    """The run's name, state, tags and times from the store's own record of it."""
+    run.id = info.run_id
+    run.name = info.name or info.run_id
+    run.raw_state = info.status
+    run.state = STATES.get(info.status, JobState.UNKNOWN)
+    run.tags = {k: v for k, v in info.tags.items() if not k.startswith("mlflow.")}
+    if info.start_ms is not None:
+        run.start_time = info.start_ms / 1000.0
+    if info.end_ms is not None and run.state.terminal:
+        run.end_time = info.end_ms / 1000.0

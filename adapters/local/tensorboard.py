@@ -1,5 +1,11 @@
 """TensorBoard event files (``events.out.tfevents.*``, or a folder holding them), read with
-the ``tensorboard`` package's own event loader: every scalar with its wall time and step."""
+the ``tensorboard`` package's own event loader: every scalar with its wall time and step.
+
+A log dir holds runs as TensorBoard shows them: each folder with event files is a run,
+except the parts of one run that writers split into subfolders (Keras's ``train/`` and
+``validation/``, PyTorch ``add_scalars``'s ``Loss_train/`` beside the run's own events),
+which join the run above them with their folder as a tag prefix (``validation/epoch_loss``).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Reader, RunBuilder, is_gzip, plain_name
+from adapters.local.base import Found, Reader, RunBuilder, is_gzip, plain_name
 from adapters.local.definitions import MetricDefinition
 from adapters.local.errors import FormatError
 
 _PREFIX = "events.out.tfevents."
+
+
+#: subfolders that hold one part of a run (Keras's TensorBoard callback writes these)
+PART_FOLDERS = frozenset({"train", "training", "validation", "val", "valid", "eval", "test"})
+
+
+def runs_in(root: Path) -> dict[Path, list[Path]]:
+    """The runs of a log dir: run folder -> its event files (its parts' files included)."""
+    files = event_files(root)
+    holders = {f.parent for f in files}
+
+    def owner(folder: Path) -> Path:
+        while folder != root and (folder.name.lower() in PART_FOLDERS
+                                  or folder.parent in holders):
+            folder = folder.parent
+        return folder
+
+    runs: dict[Path, list[Path]] = {}
+    for f in files:
+        runs.setdefault(owner(f.parent), []).append(f)
+    return runs
 
 
 def event_files(path: Path) -> list[Path]:
@@ -61,15 +88,31 @@ class TensorBoardReader(Reader):
     def default_id(self, path: Path) -> str:
         return path.name if path.is_dir() else path.parent.name or path.name
 
+    def read_all(self, path: str | Path, definitions: list[MetricDefinition] | None = None
+                 ) -> list[Found]:
+        """One run per run folder of a log dir (see ``runs_in``)."""
+        p = Path(path)
+        if not p.is_dir():
+            return super().read_all(p, definitions)
+        out = []
+        for folder, files in sorted(runs_in(p).items()):
+            builder = RunBuilder(folder)
+            self._collect(folder, files, builder)
+            out.append(Found(folder, None, builder.build(self.default_id(folder))))
+        return out
+
     def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
                 select: str | None) -> None:
+        self._collect(path, event_files(path), run)
+
+    def _collect(self, path: Path, files: list[Path], run: RunBuilder) -> None:
         event_file_loader, tensor_util = _loader(path)
         scalar_tags: dict[str, bool] = {}  # v2 summaries carry their metadata once per tag
         row = 0
-        for file in event_files(path):
+        for file in files:
             prefix = ""
             if path.is_dir() and file.parent != path:
-                prefix = file.parent.relative_to(path).as_posix() + "/"  # one run per subfolder
+                prefix = file.parent.relative_to(path).as_posix() + "/"  # a part of the run
             with _plain(file) as plain:
                 try:
                     events = list(event_file_loader.EventFileLoader(str(plain)).Load())

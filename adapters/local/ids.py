@@ -1,0 +1,74 @@
+"""Run ids that tell runs apart: the nearest path parts that distinguish them.
+
+``lightning_logs/version_0`` beside ``lightning_logs/version_1`` are ``version_0`` and
+``version_1``; ``a/lightning_logs/version_0`` beside ``b/lightning_logs/version_0`` are
+``a/version_0`` and ``b/version_0`` (the shared ``lightning_logs`` says nothing). File names
+every run of a framework shares (``metrics.csv``, ``trainer_state.json``, an event file)
+are not ids: their folder is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+#: file names that name the framework, not the run: the run is the folder holding them
+GENERIC_FILES = frozenset({"metrics.csv", "trainer_state.json", "hparams.yaml", "mlflow.db",
+                           "meta.yaml"})
+
+
+def run_parts(path: str | Path) -> list[str]:
+    """The parts of a run's path that may name it, nearest last; a generic file name
+    (and an event file's) is dropped, and so is the extension of the last part."""
+    p = Path(path)
+    parts = [x for x in p.resolve().parts if x not in ("/", "")] if p.exists() else list(p.parts)
+    if parts and (parts[-1] in GENERIC_FILES or (parts[-1].endswith(".gz") and
+                  parts[-1][:-3] in GENERIC_FILES)
+                  or parts[-1].startswith("events.out.tfevents.")):
+        parts = parts[:-1]
+    if parts and "." in parts[-1].lstrip("."):
+        parts[-1] = parts[-1].split(".")[0] or parts[-1]
+    return parts or [str(path)]
+
+
+def distinguishing_ids(names: Sequence[Sequence[str]]) -> list[str]:
+    """One id per run from its parts (outermost first, the run's own name last): the
+    last part, with the nearest parts that tell it from the runs it would clash with."""
+    chosen: list[list[int]] = [[len(n) - 1] for n in names]  # indices of the parts kept
+
+    def label(i: int) -> str:
+        return "/".join(names[i][j] for j in sorted(chosen[i]))
+
+    for _ in range(max((len(n) for n in names), default=0)):
+        ids = [label(i) for i in range(len(names))]
+        clashes: dict[str, list[int]] = {}
+        for i, id_ in enumerate(ids):
+            clashes.setdefault(id_, []).append(i)
+        groups = [g for g in clashes.values() if len(g) > 1]
+        if not groups:
+            break
+        for group in groups:
+            # the nearest level (counted from the end) at which the group's paths differ
+            depth = min(len(names[i]) for i in group)
+            for back in range(2, depth + 1):
+                if len({names[i][-back] for i in group}) > 1:
+                    for i in group:
+                        chosen[i].append(len(names[i]) - back)
+                    break
+            else:  # one path is a suffix of another: whole paths
+                for i in group:
+                    chosen[i] = list(range(len(names[i])))
+    ids = [label(i) for i in range(len(names))]
+    # what is still the same (the same path given twice) is numbered
+    seen: dict[str, int] = {}
+    out = []
+    for id_ in ids:
+        n = seen.get(id_, 0)
+        seen[id_] = n + 1
+        out.append(id_ if ids.count(id_) == 1 else f"{id_}#{n + 1}")
+    return out
+
+
+def path_ids(paths: Sequence[str | Path]) -> list[str]:
+    """Ids for run paths (``distinguishing_ids`` of their ``run_parts``)."""
+    return distinguishing_ids([run_parts(p) for p in paths])
