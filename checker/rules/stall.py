@@ -90,7 +90,7 @@ class Stall(Rule):
         severity = Severity.CRITICAL if silence > p.critical_factor * thr else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
         if phase is not None:
-            why = (f"in a '{phase}' pause for {silence / 60:.0f} min, longer than a pause may "
+            why = (f"in a '{phase}' pause for {_span(silence)}, longer than a pause may "
                    f"take; {why}")
         evidence: dict[str, object] = {
             "kind": "silence", "silence_s": silence, "threshold_s": thr,
@@ -101,7 +101,7 @@ class Stall(Rule):
             evidence["gpu_util_during_silence"] = util
         return [Finding(
             job_id=job.id, rule=self.name, severity=severity,
-            message=(f"no progress for {silence / 60:.1f} min (threshold {thr / 60:.1f} min, "
+            message=(f"no progress for {_span(silence)} (threshold {_span(thr)}, "
                      f"last step {last_step:g}): {why}"),
             started_at=last, step=last_step if np.isfinite(last_step) else None,
             evidence=evidence,
@@ -163,3 +163,8 @@ def _beat_interval(beats: Series) -> float:
     if len(t) < 2:
         return 30.0
     return float(np.median(np.diff(t[-20:])))
+
+
+def _span(seconds: float) -> str:
+    """A silence as a person reads it: seconds below five minutes, then minutes."""
+    return f"{seconds:.0f} s" if seconds < 300 else f"{seconds / 60:.1f} min"
