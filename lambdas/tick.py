@@ -1,36 +1,56 @@
 """One watchdog tick, shared by every runtime (AWS Lambda, Azure Functions, the Kubernetes
 CronJob and the local loop): list jobs, evaluate, remember, alarm, and stop under safety.
 
-The order of work is what keeps stops safe:
+Nothing lost, nothing twice. The order of work is what makes a stop, an alarm and an
+audit record survive any single failure of the store, a sink or the process:
 
-1. list jobs from every source (a failing source is reported, the others go on);
+1. list jobs from every source and check each at the boundary: a malformed job is one
+   skipped job, reported with its reason (a failing source is reported, the others go on);
 2. ``checker.evaluate``;
-3. load memory, update it, decide alarms and stops; stop *intents* go into memory;
-4. save memory and the decisions' audit records. If the store fails here the tick raises
-   ``StateStoreError`` before any stop is made;
-5. call ``source.stop`` for each recorded intent, then mark it done. A job with a recorded
-   intent is never stopped again, so a crash between 4 and 5 cannot stop a job twice;
-6. send alarm events to the sinks.
+3. load memory; decide alarms, audit records and stops. Each is *written down first*:
+   alarms to say go into the job's ``outbox``, records to log into its ``audit_outbox``,
+   stops into its ``stop`` intent (with the attempt claimed);
+4. save the memories that changed, each compare-and-set on the version this tick read. A
+   tick that loses that race to an overlapping one says so (``report.conflict``) and
+   stops, says and logs nothing: the other tick owns those decisions. Any other store
+   failure here raises ``StateStoreError`` before any stop is made;
+5. make the stops. An intent not confirmed (the process died, the store failed after the
+   call) is retried on a later tick: a job its source lists as stopping or ended counts
+   as done, an attempt younger than ``STOP_LEASE_S`` belongs to a tick still making it,
+   and after ``STOP_ATTEMPTS`` failed calls the tick gives up with a critical alarm;
+6. append the audit records (idempotent: a record logged twice counts once), send every
+   alarm still in an outbox to every sink that has not taken it, and save again to mark
+   them done. A failure anywhere leaves the rest for the next tick, never for the next
+   reminder; the tick then raises ``StateStoreError`` after doing all it could.
+
+Only memories that changed are written, and a job with nothing to remember (no finding,
+no stop, nothing left to say) has no memory at all, so a steady tick over thousands of
+healthy jobs writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from checker import cost
 from checker.evaluate import evaluate
-from checker.model import Action, Finding, Job, JobState, Severity
+from checker.model import Action, Finding, Job, JobState, Series, Severity
 from checker.policy import Policy
 from checker.rules.base import Rule
+from lambdas import trust
 from lambdas.state import (
     AuditAction,
     AuditRecord,
     FindingMemory,
     JobMemory,
+    PendingAlarm,
+    StateConflict,
     StateStore,
     StateStoreError,
     StopRecord,
@@ -40,6 +60,11 @@ log = logging.getLogger("trainguard.tick")
 
 REMIND_EVERY_S = 6 * 3600.0
 FORGET_AFTER_S = 14 * 86400.0  # memory of a job no source has listed for this long is dropped
+STOP_ATTEMPTS = 3  # stop calls for one intent before the tick gives up and alarms
+STOP_LEASE_S = 30.0  # a stop attempt this recent is another tick's, still being made
+INTERVAL_SLACK = 0.05  # a schedule may fire this fraction of an interval early
+MAX_ID_CHARS = 4096  # a longer job id is malformed (stores hash keys past their own limit)
+STOP_FAILED_RULE = "stop_failed"  # the alarm raised when the tick gives up on a stop
 
 
 class Source(Protocol):
@@ -58,18 +83,16 @@ AlarmKind = Literal["raise", "remind", "resolve"]
 @dataclass
 class AlarmEvent:
     kind: AlarmKind
-    finding: Finding | None  # None on "resolve" when the job is gone: see ``memory``
-    job: Job | None  # None on "resolve" when no source lists the job any more
+    finding: Finding | None  # None on "resolve", and on an alarm said again a tick late
+    job: Job | None  # None when no source lists the job this tick
     source: str
     job_key: str
-    time: float
+    time: float  # when the alarm was decided (a retried one keeps its time)
     first_seen: float
     ticks: int  # consecutive ticks the finding was seen
     memory: FindingMemory
-    stopped: bool = False  # a stop was made (or, dry run, would have been) this tick
-    # What the memory said before this alarm: restored if no sink took it, so the next
-    # tick says it again instead of waiting hours for the reminder.
-    previous: tuple[float | None, str | None] = field(default=(None, None), repr=False)
+    stopped: bool = False  # a stop was made (or, dry run, would have been) for this job
+    id: str = ""  # the written-down alarm this is: the same on every retry
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,11 +113,15 @@ class TickReport:
     time: float
     jobs: dict[str, int] = field(default_factory=dict)  # source -> jobs listed
     source_errors: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # malformed job -> why
     findings: list[Finding] = field(default_factory=list)
     events: list[AlarmEvent] = field(default_factory=list)
     audit: list[AuditRecord] = field(default_factory=list)
     sink_errors: list[str] = field(default_factory=list)
+    store_errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    conflict: str | None = None  # this tick lost the race to an overlapping one
+    writes: int = 0  # job memories written or deleted
 
     @property
     def stops(self) -> list[AuditRecord]:
@@ -103,10 +130,12 @@ class TickReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "time": self.time, "jobs": self.jobs, "source_errors": self.source_errors,
+            "skipped": self.skipped,
             "findings": [f.to_dict() for f in self.findings],
             "events": [e.to_dict() for e in self.events],
             "audit": [a.to_dict() for a in self.audit],
-            "sink_errors": self.sink_errors, "warnings": self.warnings,
+            "sink_errors": self.sink_errors, "store_errors": self.store_errors,
+            "warnings": self.warnings, "conflict": self.conflict,
         }
 
 
@@ -153,47 +182,97 @@ def effective_policy(policy: Policy, stop_enabled: bool) -> Policy:
 
 def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
          sinks: Sequence[AlarmSink], now: float, rules: list[Rule] | None = None,
-         remind_every_s: float = REMIND_EVERY_S) -> TickReport:
-    """One tick of the watchdog at time ``now``. Raises ``StateStoreError`` if the store fails
-    (and then makes no stop)."""
+         remind_every_s: float = REMIND_EVERY_S,
+         interval_s: float | None = None) -> TickReport:
+    """One tick of the watchdog at time ``now``. ``interval_s`` is the schedule's interval:
+    with it, a finding persists for a stop only when its ticks span enough time too.
+
+    Raises ``StateStoreError`` if the store fails before the stops (then none is made),
+    or after doing all it could when it fails later (what is left is redone next tick)."""
     report = TickReport(time=now)
     listed = _list_jobs(sources, now, report)
-    jobs = [job for _, job in listed]
-    report.findings = evaluate(jobs, policy, now, rules)
+    report.findings = _evaluate(listed, policy, now, rules, report)
 
     memories = _store("load job memory", store.load_all)
+    stored = {k: m.to_json() for k, m in memories.items()}
     seen: dict[str, _Seen] = {}
     for source, job in listed:
         key = job_key(source.name, job)
-        mem = memories.get(key) or JobMemory(key, source.name, job.id, now)
-        mem.last_seen = now
+        mem = memories.get(key)
+        if mem is None:
+            mem = memories[key] = JobMemory(key, source.name, job.id, now)
+        elif now - mem.last_seen >= FORGET_AFTER_S / 14:  # daily: enough to forget by
+            mem.last_seen = now
         seen[job.id] = _Seen(source, job, key, mem)
     for f in report.findings:
         if f.job_id in seen:
             seen[f.job_id].findings.append(f)
 
-    events, cleared = _update_findings(seen, memories, report, now, remind_every_s)
-    intents = _decide_stops(list(seen.values()), policy, report, now)
+    _update_findings(seen, memories, report, now, remind_every_s, interval_s)
+    to_stop = _decide_stops(list(seen.values()), policy, report, now, interval_s)
+    _snapshot(seen, now)
 
-    # Everything decided so far is written before any stop is made.
-    seen_keys = {s.key for s in seen.values()}
-    forget = [k for k, m in memories.items() if k not in seen_keys
-              and m.source not in report.source_errors and now - m.last_seen > FORGET_AFTER_S]
-    changed = [s.memory for s in seen.values()] + [m for m in cleared if m.job_key not in forget]
-    _store("save job memory", lambda: store.save(changed))
-    if forget:
-        _store("delete old job memory", lambda: store.delete(forget))
-    _store("append to the audit log", lambda: store.append_audit(list(report.audit)))
+    # Everything decided is written down before any stop is made or alarm said.
+    try:
+        _write(store, memories, stored, report, now, "save job memory")
+    except StateConflict as e:
+        report.conflict = (f"another tick changed the state first ({e}); this tick stops, "
+                           "alarms and logs nothing: the other one owns those decisions")
+        report.warnings.append(report.conflict)
+        log.warning("%s", report.conflict)
+        return report
 
-    _carry_out(intents, policy, store, report, now)
-    stopped = {s.key for s, _ in intents if policy.safety.dry_run
-               or (s.memory.stop is not None and s.memory.stop.done_at is not None)}
-    for e in events:
-        e.stopped = e.job_key in stopped
-    undelivered = _send(events, sinks, report)
-    if undelivered:
-        _say_again_next_tick(undelivered, seen, store, report)
+    stopped = _carry_out(to_stop, policy, report, now)
+    for s in seen.values():
+        if s.key in stopped:
+            for a in s.memory.outbox:
+                if a.time == now:
+                    a.stopped = True
+    errors: list[StateStoreError] = []
+    _log_audit(store, memories, report, errors)
+    _send(memories, seen, sinks, report)
+    try:
+        _write(store, memories, stored, report, now, "mark stops, alarms and records done")
+    except StateStoreError as e:
+        errors.append(e)
+    if errors:
+        raise errors[0]
     return report
+
+
+# --- the boundary: jobs from sources -------------------------------------------------
+
+_NUMBERS = ("start_time", "end_time", "hourly_price", "max_runtime_s")
+
+
+def invalid_job(job: Any) -> str | None:
+    """Why a job a source returned cannot be judged (None when it can)."""
+    if not isinstance(job, Job):
+        return f"not a Job but a {type(job).__name__}"
+    if not isinstance(job.id, str) or not job.id.strip():
+        return f"id: {job.id!r} is not a non-empty string"
+    if len(job.id) > MAX_ID_CHARS:
+        return f"id: {len(job.id)} characters, over the {MAX_ID_CHARS} allowed"
+    for name in ("provider", "scope", "name", "raw_state"):
+        if not isinstance(getattr(job, name), str):
+            return f"{name}: {getattr(job, name)!r} is not a string"
+    if not isinstance(job.state, JobState):
+        return f"state: {job.state!r} is not one of {[s.value for s in JobState]}"
+    if not isinstance(job.tags, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in job.tags.items()):
+        return f"tags: {job.tags!r:.80} is not a mapping of strings to strings"
+    for name in _NUMBERS:
+        v = getattr(job, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v)):
+            return f"{name}: {v!r} is not a finite number"
+    if (not isinstance(job.instance_count, int) or isinstance(job.instance_count, bool)
+            or job.instance_count < 0):
+        return f"instance_count: {job.instance_count!r} is not a count"
+    if not isinstance(job.series, dict) or not all(
+            isinstance(s, Series) for s in job.series.values()):
+        return "series: not a mapping of names to Series"
+    return None
 
 
 def _list_jobs(sources: Sequence[Source], now: float,
@@ -202,13 +281,17 @@ def _list_jobs(sources: Sequence[Source], now: float,
     owner: dict[str, str] = {}
     for source in sources:
         try:
-            jobs = source.list_jobs(now)
+            jobs = list(source.list_jobs(now))
         except Exception as e:  # one broken source must not blind the watchdog to the others
             log.exception("source %s failed to list jobs", source.name)
             report.source_errors[source.name] = f"{type(e).__name__}: {e}"
             continue
         report.jobs[source.name] = len(jobs)
         for job in jobs:
+            problem = invalid_job(job)
+            if problem is not None:  # one malformed job is one skipped job
+                _skip(report, source.name, job, problem)
+                continue
             if job.id in owner:
                 # Findings carry only the job id: an ambiguous id must never lead to a stop.
                 report.warnings.append(f"job id {job.id!r} is listed by {owner[job.id]!r} "
@@ -219,13 +302,77 @@ def _list_jobs(sources: Sequence[Source], now: float,
     return out
 
 
+def _skip(report: TickReport, source: str, job: Any, problem: str) -> None:
+    ref = f"{source}: {getattr(job, 'id', job)!r:.120}"
+    report.skipped[ref] = problem
+    report.warnings.append(f"job {ref} skipped, malformed: {problem}")
+    log.error("job %s skipped, malformed: %s", ref, problem)
+
+
+def _evaluate(listed: list[tuple[Source, Job]], policy: Policy, now: float,
+              rules: list[Rule] | None, report: TickReport) -> list[Finding]:
+    """Every job's findings; a job the rules choke on is skipped, the others judged."""
+    try:
+        return evaluate([job for _, job in listed], policy, now, rules)
+    except Exception:  # find the job(s) at fault, one by one
+        log.exception("evaluate failed for the tick's jobs; judging them one by one")
+    findings: list[Finding] = []
+    for source, job in list(listed):
+        try:
+            findings.extend(evaluate([job], policy, now, rules))
+        except Exception as e:
+            _skip(report, source.name, job, f"the rules failed on it: {type(e).__name__}: {e}")
+            listed.remove((source, job))
+    return findings
+
+
+# --- findings and alarms --------------------------------------------------------------
+
+def _say(mem: JobMemory, kind: AlarmKind, fm: FindingMemory, now: float) -> None:
+    """Write an alarm down in the job's outbox: it is said after the memory is saved."""
+    mem.outbox.append(PendingAlarm(kind, mem.job_key, now, fm.first_seen, fm.consecutive,
+                                   FindingMemory(**dataclasses.asdict(fm))))
+
+
+def _snapshot(seen: dict[str, _Seen], now: float) -> None:
+    """This tick's alarms carry their finding as decided, stop decision included."""
+    for s in seen.values():
+        for p in s.memory.outbox:
+            fm = s.memory.findings.get(p.memory.key)
+            if p.time == now and p.kind != "resolve" and fm is not None:
+                p.memory = FindingMemory(**dataclasses.asdict(fm))
+
+
+def _count_stop_tick(fm: FindingMemory, asks: bool, now: float,
+                     interval_s: float | None) -> None:
+    """Persistence counts ticks asking for a stop; with a known interval, a tick less than
+    half an interval after the last one counted (a retried or duplicated invocation) does
+    not count again."""
+    if not asks:
+        fm.stop_ticks, fm.stop_since, fm.stop_counted_at = 0, None, None
+        return
+    if fm.stop_ticks == 0 or fm.stop_since is None or fm.stop_counted_at is None:
+        fm.stop_ticks, fm.stop_since, fm.stop_counted_at = 1, now, now
+        return
+    if interval_s and now - fm.stop_counted_at < interval_s / 2:
+        return
+    fm.stop_ticks += 1
+    fm.stop_counted_at = now
+
+
+def _persisted(fm: FindingMemory, needed: int, now: float, interval_s: float | None) -> bool:
+    """Seen on ``needed`` ticks, spanning at least ``needed - 1`` intervals when known."""
+    if fm.stop_ticks < needed:
+        return False
+    if not interval_s or fm.stop_since is None:
+        return True
+    return now - fm.stop_since >= (needed - 1) * interval_s * (1 - INTERVAL_SLACK)
+
+
 def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
                      report: TickReport, now: float, remind_every_s: float,
-                     ) -> tuple[list[AlarmEvent], list[JobMemory]]:
-    """Count each finding's consecutive ticks and decide raise / remind / resolve.
-
-    Also returns the memories of unlisted jobs whose findings were cleared (to save)."""
-    events: list[AlarmEvent] = []
+                     interval_s: float | None) -> None:
+    """Count each finding's consecutive ticks and write down raise / remind / resolve."""
     for s in seen.values():
         present: dict[str, Finding] = {}
         for f in s.findings:  # a rule reporting one key twice counts once, at its worst
@@ -241,7 +388,7 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
                 fm.last_seen, fm.severity, fm.message = now, f.severity.value, f.message
             # Persistence counts the ticks the finding asked for a stop: a warning that
             # turns critical has not yet been seen critical N times.
-            fm.stop_ticks = fm.stop_ticks + 1 if f.action == Action.STOP else 0
+            _count_stop_tick(fm, f.action == Action.STOP, now, interval_s)
             if f.action == Action.NONE:
                 continue
             kind: AlarmKind | None = None
@@ -250,74 +397,139 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
             elif now - fm.alarmed_at >= remind_every_s:
                 kind = "remind"
             if kind:
-                before = (fm.alarmed_at, fm.alarmed_severity)
                 fm.alarmed_at, fm.alarmed_severity = now, f.severity.value
-                events.append(AlarmEvent(kind, f, s.job, s.source.name, s.key, now,
-                                         fm.first_seen, fm.consecutive, fm, previous=before))
+                _say(s.memory, kind, fm, now)
         for fkey in [k for k in s.memory.findings if k not in present]:
             fm = s.memory.findings.pop(fkey)
             if fm.alarmed_at is not None:
-                events.append(AlarmEvent("resolve", None, s.job, s.source.name, s.key, now,
-                                         fm.first_seen, fm.consecutive, fm))
+                _say(s.memory, "resolve", fm, now)
     # A job no healthy source lists any more has ended or gone: its findings resolve.
     # A job of a failing source is unknown this tick: its memory stays as it was.
     seen_keys = {s.key for s in seen.values()}
-    gone = [m for k, m in memories.items()
-            if k not in seen_keys and m.source not in report.source_errors]
-    cleared = []
-    for mem in gone:
-        if not mem.findings:
+    for key, mem in memories.items():
+        if key in seen_keys or mem.source in report.source_errors or not mem.findings:
             continue
         for fm in mem.findings.values():
             if fm.alarmed_at is not None:
-                events.append(AlarmEvent("resolve", None, None, mem.source, mem.job_key, now,
-                                         fm.first_seen, fm.consecutive, fm))
+                _say(mem, "resolve", fm, now)
         mem.findings = {}
-        cleared.append(mem)
-    return events, cleared
 
 
 def _rank(severity: str | None) -> int:
     return Severity(severity).rank if severity else -1
 
 
+# --- stops ------------------------------------------------------------------------------
+
+def _record(report: TickReport, mem: JobMemory, record: AuditRecord) -> None:
+    report.audit.append(record)
+    mem.audit_outbox.append(record)
+
+
 def _audit(report: TickReport, s: _Seen, f: Finding, action: AuditAction, reason: str,
-           dry_run: bool, now: float, force: bool = False, detail: str = "") -> None:
+           dry_run: bool, now: float, detail: str = "") -> None:
     """Write an audit record, unless it repeats the last decision for this finding: a
     protected job with a lasting finding gets one record, not one per tick."""
     fm = s.memory.findings[f.key]
     decision = f"{action.value}{detail}"
-    if not force and fm.last_decision == decision:
+    if fm.last_decision == decision:
         return
     fm.last_decision = decision
-    report.audit.append(AuditRecord(now, s.key, s.job.id, s.source.name, f.key, f.rule,
-                                    f.severity.value, action, reason, dry_run))
+    _record(report, s.memory, AuditRecord(now, s.key, s.job.id, s.source.name, f.key,
+                                          f.rule, f.severity.value, action, reason, dry_run))
 
 
-def _decide_stops(seen: list[_Seen], policy: Policy, report: TickReport,
-                  now: float) -> list[tuple[_Seen, Finding]]:
-    """Which jobs to stop this tick. Records intents in memory; returns (job, finding) pairs."""
+def _stop_audit(report: TickReport, s: _Seen, action: AuditAction, reason: str) -> None:
+    """The record of a stop attempt. Its id and time come from the intent and attempt, so
+    the same stop recorded again (a retry confirming it) is logged once."""
+    stop = s.memory.stop
+    assert stop is not None
+    fm = s.memory.findings.get(stop.finding_key)
+    attempt = stop.attempt_at if stop.attempt_at is not None else stop.intent_at
+    digest = hashlib.sha256(s.key.encode()).hexdigest()[:16]
+    rid = f"{action.value}-{digest}-{stop.intent_at!r}"
+    if action != AuditAction.STOP:
+        rid += f"-{stop.attempts}"
+    if stop.given_up_at is not None:
+        rid, attempt = f"{rid}-gave-up", stop.given_up_at
+    if fm is not None:
+        fm.last_decision = action.value
+    _record(report, s.memory, AuditRecord(
+        attempt, s.key, s.job.id, s.source.name, stop.finding_key,
+        fm.rule if fm else stop.finding_key.rsplit("/", 1)[-1],
+        fm.severity if fm else Severity.CRITICAL.value, action, reason, False, id=rid))
+
+
+def _settled(job: Job) -> bool:
+    return job.state in (JobState.STOPPING, JobState.STOPPED) or job.state.terminal
+
+
+def _retry(s: _Seen, report: TickReport, now: float, protect_tag: str) -> bool:
+    """An intent recorded on an earlier tick and not confirmed: confirm it, leave it to
+    the tick making it, give up on it, or claim another attempt (True)."""
+    stop = s.memory.stop
+    assert stop is not None
+    if _settled(s.job):  # stopping is idempotent: already stopping or ended is done
+        stop.done_at, stop.error = now, None
+        _stop_audit(report, s, AuditAction.STOP,
+                    f"{stop.reason} (confirmed: the job is {s.job.state.value})")
+        return False
+    if stop.attempt_at is not None and now - stop.attempt_at < STOP_LEASE_S:
+        return False  # another tick claimed this attempt moments ago and is making it
+    if is_protected(s.job, protect_tag):
+        _stop_audit(report, s, AuditAction.SKIP_PROTECTED,
+                    f"{stop.reason}; the job is protected now: the stop is dropped")
+        s.memory.stop = None
+        return False
+    if stop.attempts >= STOP_ATTEMPTS:
+        stop.given_up_at = now
+        why = (f"gave up stopping the job after {stop.attempts} attempts"
+               + (f" (last error: {stop.error})" if stop.error else "")
+               + "; stop it by hand and check the watchdog's permissions")
+        _stop_audit(report, s, AuditAction.STOP_FAILED, f"{stop.reason}; {why}")
+        fm = FindingMemory(f"{s.job.id}/{STOP_FAILED_RULE}", STOP_FAILED_RULE,
+                           Severity.CRITICAL.value, why, stop.intent_at, now, stop.attempts)
+        _say(s.memory, "raise", fm, now)
+        return False
+    stop.attempts += 1
+    stop.attempt_at = now
+    return True
+
+
+def _decide_stops(seen: list[_Seen], policy: Policy, report: TickReport, now: float,
+                  interval_s: float | None = None) -> list[_Seen]:
+    """Which jobs to stop this tick: unconfirmed intents to retry, then new ones under the
+    cap. Records intents (with their first attempt claimed) in memory."""
     safety = policy.safety
+    retries: list[_Seen] = []
     candidates: list[tuple[_Seen, Finding]] = []
     for s in seen:
+        stop = s.memory.stop
+        if (stop is not None and stop.done_at is None and stop.given_up_at is None
+                and not safety.dry_run):
+            if _retry(s, report, now, safety.protect_tag):
+                retries.append(s)
+            continue
         wanting = [f for f in s.findings if f.action == Action.STOP]
         if not wanting:
             continue
         # The job's worst finding speaks for it; the others are noted in the reason.
         f = max(wanting, key=lambda x: x.severity.rank)
         fm = s.memory.findings[f.key]
-        if s.memory.stop is not None:
+        if stop is not None:
             _audit(report, s, f, AuditAction.SKIP_INTENT,
-                   f"a stop was already recorded at {s.memory.stop.intent_at:.0f} "
-                   f"(done: {s.memory.stop.done_at is not None}); never stopped twice",
+                   f"a stop was already recorded at {stop.intent_at:.0f} "
+                   f"(done: {stop.done_at is not None}); never stopped twice",
                    safety.dry_run, now)
-        elif s.job.state in (JobState.STOPPING, JobState.STOPPED) or s.job.state.terminal:
+        elif _settled(s.job):
             _audit(report, s, f, AuditAction.SKIP_STOPPING,
                    f"job is already {s.job.state.value}", safety.dry_run, now)
         elif is_protected(s.job, safety.protect_tag):
             _audit(report, s, f, AuditAction.SKIP_PROTECTED,
                    f"job has the protect tag {safety.protect_tag!r}", safety.dry_run, now)
-        elif fm.stop_ticks < safety.persist_ticks:
+        elif (untrusted := trust.refusal(s.source, f, s.findings, policy)) is not None:
+            _audit(report, s, f, AuditAction.SKIP_UNTRUSTED, untrusted, safety.dry_run, now)
+        elif not _persisted(fm, safety.persist_ticks, now, interval_s):
             _audit(report, s, f, AuditAction.SKIP_PERSISTENCE,
                    f"seen {fm.stop_ticks} of {safety.persist_ticks} ticks needed",
                    safety.dry_run, now, detail=str(fm.stop_ticks))
@@ -342,68 +554,126 @@ def _decide_stops(seen: list[_Seen], policy: Policy, report: TickReport,
         if safety.dry_run:
             _audit(report, s, f, AuditAction.WOULD_STOP, reason, True, now)
         else:
-            s.memory.stop = StopRecord(f.key, reason, intent_at=now)
-    return chosen
+            s.memory.stop = StopRecord(f.key, reason, intent_at=now, attempts=1, attempt_at=now)
+    if safety.dry_run:
+        return [s for s, _ in chosen]
+    return retries + [s for s, _ in chosen]
 
 
-def _carry_out(chosen: list[tuple[_Seen, Finding]], policy: Policy, store: StateStore,
-               report: TickReport, now: float) -> None:
+def _carry_out(to_stop: list[_Seen], policy: Policy, report: TickReport,
+               now: float) -> set[str]:
+    """Make the stops whose intents are saved; returns the keys of jobs stopped (or, dry
+    run, that would have been). Results go to memory, saved at the end of the tick."""
     if policy.safety.dry_run:
-        return
-    first_error: StateStoreError | None = None
-    for s, f in chosen:
-        assert s.memory.stop is not None  # set by _decide_stops
-        start = len(report.audit)
+        return {s.key for s in to_stop}
+    done: set[str] = set()
+    for s in to_stop:
+        stop = s.memory.stop
+        assert stop is not None  # set by _decide_stops
         try:
-            s.source.stop(s.job, s.memory.stop.reason)
+            trust.before_stop(s.source, s.job, policy)  # tags read again, uncached
+            s.source.stop(s.job, stop.reason)
+        except trust.StopRefused as e:
+            _stop_audit(report, s, AuditAction.SKIP_PROTECTED, f"{stop.reason}; {e}: "
+                        "the stop is dropped")
+            s.memory.stop = None
         except Exception as e:
             log.exception("stopping %s failed", s.key)
-            s.memory.stop.error = f"{type(e).__name__}: {e}"
-            _audit(report, s, f, AuditAction.STOP_FAILED,
-                   f"{s.memory.stop.reason}; stop failed: {s.memory.stop.error}", False, now,
-                   force=True)
+            stop.error = f"{type(e).__name__}: {e}"
+            left = STOP_ATTEMPTS - stop.attempts
+            _stop_audit(report, s, AuditAction.STOP_FAILED,
+                        f"{stop.reason}; stop failed: {stop.error} "
+                        + (f"(tried again next tick, {left} more)" if left > 0 else
+                           "(no tries left: the next tick gives up and alarms)"))
         else:
-            s.memory.stop.done_at = now
-            _audit(report, s, f, AuditAction.STOP, s.memory.stop.reason, False, now, force=True)
-        memory, records = s.memory, report.audit[start:]
-        try:
-            # The intent is already stored, so a failure here cannot lead to a second stop.
-            _store("mark a stop done", lambda: store.save([memory]))  # noqa: B023
-            _store("append to the audit log", lambda: store.append_audit(records))  # noqa: B023
-        except StateStoreError as e:
-            first_error = first_error or e
-    if first_error is not None:
-        raise first_error
+            stop.done_at, stop.error = now, None
+            _stop_audit(report, s, AuditAction.STOP, stop.reason)
+            done.add(s.key)
+    return done
 
 
-def _send(events: list[AlarmEvent], sinks: Sequence[AlarmSink],
-          report: TickReport) -> list[AlarmEvent]:
-    """Every event to every sink; returns the raise and remind events some sink failed."""
-    report.events = events
-    failed: dict[int, AlarmEvent] = {}
-    for sink in sinks:
-        for e in events:
-            try:
-                sink.send(e)
-            except Exception as err:  # a broken sink must not hide the others' alarms
-                log.exception("alarm sink %s failed", type(sink).__name__)
-                report.sink_errors.append(f"{type(sink).__name__}: {type(err).__name__}: {err}")
-                if e.kind != "resolve":  # an unsent resolve: the alarm expires or reminds
-                    failed[id(e)] = e
-    return list(failed.values())
+# --- writing down and saying ---------------------------------------------------------
+
+def _write(store: StateStore, memories: dict[str, JobMemory], stored: dict[str, str],
+           report: TickReport, now: float, what: str) -> None:
+    """Save the memories that changed since ``stored`` (JSON as last read or written),
+    delete those with nothing left to keep; ``stored`` follows what was written."""
+    save: list[JobMemory] = []
+    drop: list[str] = []
+    for key, mem in memories.items():
+        forgotten = (not mem.outbox and not mem.audit_outbox
+                     and (mem.empty or now - mem.last_seen > FORGET_AFTER_S)
+                     and mem.source not in report.source_errors)
+        if forgotten:
+            if key in stored:
+                drop.append(key)
+        elif stored.get(key) != (text := mem.to_json()):
+            save.append(mem)
+            stored[key] = text
+    if save:
+        _store(what, lambda: store.save(save))
+    if drop:
+        _store("delete job memory", lambda: store.delete(drop))
+        for key in drop:
+            stored.pop(key, None)
+    report.writes += len(save) + len(drop)
 
 
-def _say_again_next_tick(undelivered: list[AlarmEvent], seen: dict[str, _Seen],
-                         store: StateStore, report: TickReport) -> None:
-    """Put back what the memory said before each undelivered alarm and save it. A sink that
-    did take the alarm may hear it twice; one that did not is not left silent for hours."""
-    by_key = {s.key: s.memory for s in seen.values()}
-    changed: dict[str, JobMemory] = {}
-    for e in undelivered:
-        e.memory.alarmed_at, e.memory.alarmed_severity = e.previous
-        if e.job_key in by_key:
-            changed[e.job_key] = by_key[e.job_key]
+def _log_audit(store: StateStore, memories: dict[str, JobMemory], report: TickReport,
+               errors: list[StateStoreError]) -> None:
+    records = [r for m in memories.values() for r in m.audit_outbox]
+    if not records:
+        return
     try:
-        store.save(list(changed.values()))
-    except Exception as err:  # the stops are done; only the retry of the alarm is lost
-        report.sink_errors.append(f"cannot mark undelivered alarms for the next tick: {err}")
+        _store("append to the audit log", lambda: store.append_audit(records))
+    except StateStoreError as e:  # kept in the outboxes: logged next tick
+        report.store_errors.append(str(e))
+        errors.append(e)
+        return
+    for m in memories.values():
+        m.audit_outbox = []
+
+
+def _sink_names(sinks: Sequence[AlarmSink]) -> list[str]:
+    """A stable name per sink, to remember which sinks took an alarm."""
+    names: list[str] = []
+    for sink in sinks:
+        base = getattr(sink, "name", None)
+        base = base if isinstance(base, str) and base else type(sink).__name__
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}#{n}"
+        names.append(name)
+    return names
+
+
+def _send(memories: dict[str, JobMemory], seen: dict[str, _Seen],
+          sinks: Sequence[AlarmSink], report: TickReport) -> None:
+    """Every written-down alarm to every sink that has not taken it yet, oldest first."""
+    by_key = {s.key: s for s in seen.values()}
+    names = _sink_names(sinks)
+    for mem in memories.values():
+        if not mem.outbox:
+            continue
+        s = by_key.get(mem.job_key)
+        for pending in mem.outbox:
+            finding = None
+            if s is not None and pending.kind != "resolve":
+                finding = next((f for f in s.findings if f.key == pending.memory.key), None)
+            event = AlarmEvent(pending.kind, finding,  # type: ignore[arg-type]
+                               s.job if s else None, mem.source, mem.job_key, pending.time,
+                               pending.first_seen, pending.ticks, pending.memory,
+                               pending.stopped, pending.id)
+            report.events.append(event)
+            for name, sink in zip(names, sinks, strict=True):
+                if name in pending.sent:
+                    continue
+                try:
+                    sink.send(event)
+                except Exception as err:  # a broken sink must not hide the others' alarms
+                    log.exception("alarm sink %s failed", name)
+                    report.sink_errors.append(f"{name}: {type(err).__name__}: {err}")
+                else:
+                    pending.sent.append(name)
+        mem.outbox = [p for p in mem.outbox if not set(names) <= set(p.sent)]

@@ -211,7 +211,7 @@ def test_an_undelivered_alarm_is_said_again_next_tick_not_hours_later(
     assert other.kinds() == ["raise"]
     tick([src], pol, store, [sink, other], now=1_300.0, rules=RULES)
     assert sink.kinds() == ["raise"]  # the next tick, not the 6-hour reminder
-    assert other.kinds() == ["raise", "raise"]  # the sink that had it hears it twice
+    assert other.kinds() == ["raise"]  # the sink that had it is not told twice
     tick([src], pol, store, [sink, other], now=1_600.0, rules=RULES)
     assert sink.kinds() == ["raise"]  # and then no more until the reminder
 
@@ -225,35 +225,77 @@ def test_info_findings_raise_no_alarm(store: StateStore) -> None:
     assert sink.events == []
 
 
-def test_crash_between_intent_and_done_never_stops_twice(store: StateStore) -> None:
+def test_crash_between_intent_and_done_is_confirmed_not_stopped_twice(
+        store: StateStore) -> None:
     job = make_job("j", 500.0)
 
-    def crash(_: Job) -> None:
-        # The process dies right after the provider accepted the stop; the provider still
-        # shows the job RUNNING for a while.
+    def crash(j: Job) -> None:
+        # The process dies right after the provider accepted the stop.
+        j.state = JobState.STOPPING
         raise SystemExit("killed mid-tick")
 
     src = FakeSource("fake", [job], on_stop=crash)
     with pytest.raises(SystemExit):
         tick([src], policy(), store, [], now=100.0, rules=RULES)
-    assert src.stops == ["j"] and job.state == JobState.RUNNING
+    assert src.stops == ["j"]
     src.on_stop = None
     for t in range(1, 5):  # a fresh process, same store
         tick([src], policy(), store, [], now=100.0 + 60 * t, rules=RULES)
+    assert src.stops == ["j"]  # the provider says stopping: the intent is confirmed
+    assert [(a.action, a.job_id) for a in store.audit_log()] == [(AuditAction.STOP, "j")]
+    assert "confirmed: the job is STOPPING" in store.audit_log()[0].reason
+
+
+def test_an_unconfirmed_stop_is_retried_next_tick(store: StateStore) -> None:
+    """The process dies before the stop call reaches the provider: the intent is kept, and
+    the next tick makes the stop (not "skip: an intent exists")."""
+    job = make_job("j", 500.0)
+    calls: list[str] = []
+
+    def crash(_: Job) -> None:
+        calls.append("crash")
+        raise SystemExit("killed before the call")
+
+    class Dying(FakeSource):
+        def stop(self, job: Job, reason: str) -> None:
+            if not calls:
+                crash(job)
+            super().stop(job, reason)
+
+    src = Dying("fake", [job])
+    with pytest.raises(SystemExit):
+        tick([src], policy(), store, [], now=100.0, rules=RULES)
+    assert src.stops == []
+    tick([src], policy(), store, [], now=160.0, rules=RULES)
     assert src.stops == ["j"]
-    assert [a.action for a in store.audit_log()] == [AuditAction.SKIP_INTENT]
+    tick([src], policy(), store, [], now=220.0, rules=RULES)
+    assert src.stops == ["j"]
+    assert [a.action for a in store.audit_log()] == [AuditAction.STOP]
 
 
-def test_failed_stop_is_audited_and_not_retried(store: StateStore) -> None:
+def test_a_failing_stop_is_retried_then_given_up_with_an_alarm(store: StateStore) -> None:
     def refuse(_: Job) -> None:
         raise PermissionError("AccessDenied: not allowed to stop")
 
-    src = FakeSource("fake", [make_job("j", 500.0)], on_stop=refuse)
-    report = tick([src], policy(), store, [], now=100.0, rules=RULES)
+    class Refusing(FakeSource):
+        def stop(self, job: Job, reason: str) -> None:
+            self.stops.append(job.id)
+            refuse(job)
+
+    src = Refusing("fake", [make_job("j", 500.0)])
+    sink = Sink()
+    report = tick([src], policy(), store, [sink], now=100.0, rules=RULES)
     assert [a.action for a in report.audit] == [AuditAction.STOP_FAILED]
     assert "AccessDenied" in report.audit[0].reason
-    tick([src], policy(), store, [], now=160.0, rules=RULES)
-    assert src.stops == ["j"]
+    for t in range(1, 6):
+        tick([src], policy(), store, [sink], now=100.0 + 60 * t, rules=RULES)
+    assert src.stops == ["j", "j", "j"]  # STOP_ATTEMPTS calls, then no more
+    failed = [a for a in store.audit_log() if a.action == AuditAction.STOP_FAILED]
+    assert len(failed) == 4 and "gave up" in failed[-1].reason
+    gave_up = [e for e in sink.events if e.memory.rule == "stop_failed"]
+    assert len(gave_up) == 1 and gave_up[0].kind == "raise"
+    assert gave_up[0].memory.severity == "critical"
+    assert "AccessDenied" in gave_up[0].memory.message
 
 
 class BrokenStore(MemoryStore):
