@@ -3,9 +3,12 @@ writing them, with state in SQLite.
 
 ``LocalSource`` lists one job per run file (re-read only when the file changed) and, when
 a run is tied to a process, takes the job's state from the process and stops it with
-SIGTERM, then SIGKILL after a grace period. ``watch`` runs the tick every ``tick_s``
-seconds, prints findings and stops as they happen, and ends when every watched process
-has exited (or after ``until`` seconds).
+SIGTERM, then SIGKILL after a grace period: the whole process group when the watchdog
+started the process (its DataLoader workers too), the process alone when given by PID.
+``watch`` runs the tick every ``tick_s`` seconds, prints findings and stops as they
+happen, says when a process ends (its exit code and the tail of its output), and ends
+when every watched process has exited (or after ``until`` seconds), with a table of
+every run's outcome.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from adapters.local import MetricDefinition, load_run
+from adapters.local.ids import path_ids
 from checker.cost import progress
 from checker.model import Job, JobState
 from checker.policy import Policy
@@ -34,18 +39,44 @@ from lambdas.state import AuditAction, AuditRecord
 from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
 
 GRACE_S = 10.0
+#: lines of a started process's output shown when it ends
+TAIL_LINES = 10
+
+
+def tail(path: Path | None, lines: int = TAIL_LINES, max_bytes: int = 16384) -> list[str]:
+    """The last ``lines`` lines of a file ([] when there is none)."""
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - max_bytes, 0))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
 
 
 class Process:
-    """A process to watch: a child we started (``Popen``) or any PID."""
+    """A process to watch: a child we started (``Popen``) or any PID.
 
-    def __init__(self, target: int | subprocess.Popen[Any]) -> None:
+    A child started in its own session (``start_new_session=True``, as ``watch --start``
+    does) is signalled as a process group, so the workers it forked end with it."""
+
+    def __init__(self, target: int | subprocess.Popen[Any], output: Path | None = None) -> None:
         self.popen = target if isinstance(target, subprocess.Popen) else None
         self.pid = target.pid if isinstance(target, subprocess.Popen) else int(target)
+        self.output = output  # where its stdout and stderr go, for the tail when it ends
         self.exit_code: int | None = None
         self.exited_at: float | None = None
         self.term_sent_at: float | None = None
         self.killed = False
+        self.reported = False  # its end has been said
+        self.group: int | None = None
+        if self.popen is not None:
+            with contextlib.suppress(OSError):
+                if os.getpgid(self.pid) == self.pid:  # it leads its own group
+                    self.group = self.pid
 
     def poll(self, now: float) -> bool:
         """True while the process runs; notes its exit code and time once it has ended."""
@@ -68,8 +99,47 @@ class Process:
         return alive
 
     def signal(self, sig: signal.Signals) -> None:
+        """``sig`` to the process, or to its whole group (its workers outlive it otherwise,
+        re-parented to PID 1)."""
         with contextlib.suppress(ProcessLookupError):  # it may have ended on its own
-            os.kill(self.pid, sig)
+            if self.group is not None:
+                os.killpg(self.group, sig)
+            else:
+                os.kill(self.pid, sig)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the group (or the process) is left."""
+        if self.popen is not None:
+            self.popen.poll()  # reap it: a zombie still counts as a member of its group
+        try:
+            if self.group is not None:
+                os.killpg(self.group, 0)
+            else:
+                os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def end(self, grace_s: float = GRACE_S) -> None:
+        """SIGTERM the group, then SIGKILL what is left after ``grace_s``: for the processes
+        the watchdog started and must not leave behind."""
+        if not self.group_alive():
+            return
+        if self.term_sent_at is None:
+            self.term_sent_at = time.time()
+            self.signal(signal.SIGTERM)
+        deadline = self.term_sent_at + grace_s
+        while time.time() < deadline and self.group_alive():
+            time.sleep(0.05)
+        if self.group_alive():
+            self.signal(signal.SIGKILL)
+            self.killed = True
+            for _ in range(100):  # the kernel takes a moment to tear them down
+                if not self.group_alive():
+                    break
+                time.sleep(0.02)
 
 
 @dataclass
@@ -114,6 +184,7 @@ class LocalSource:
         for run in self.runs:
             if run.process is not None:
                 self._escalate(run.process, now)
+                run.process.poll(now)  # a process that ends before writing anything ends too
             job = self._read(run)
             if job is not None:
                 jobs.append(self._with_state(run, job, now))
@@ -162,7 +233,7 @@ class LocalSource:
     def _escalate(self, proc: Process, now: float) -> None:
         """SIGKILL a process that ignored SIGTERM for longer than the grace period."""
         if (proc.term_sent_at is not None and not proc.killed
-                and now - proc.term_sent_at >= self.grace_s and proc.poll(now)):
+                and now - proc.term_sent_at >= self.grace_s and proc.group_alive()):
             proc.signal(signal.SIGKILL)
             proc.killed = True
 
@@ -194,9 +265,13 @@ class ConsoleSink:
         run = escape(event.job.id if event.job else event.job_key.rsplit(":", 1)[-1])
         style = {"critical": "bold red", "warning": "yellow"}.get(m.severity, "cyan")
         if event.kind == "resolve":
-            ended = (f" (run {event.job.state.value.lower()})"
-                     if event.job is not None and event.job.state != JobState.RUNNING else "")
-            self.console.print(f"{at} [green]cleared[/] {run}: {m.rule}{ended}")
+            if event.job is not None and event.job.state.terminal:
+                # the run ended: nothing cleared the finding, the end only stopped the rule
+                self.console.print(f"{at} [dim]no longer judged[/] {run}: its {m.severity} "
+                                   f"{m.rule} stands, the run ended "
+                                   f"({event.job.state.value.lower()})")
+            else:
+                self.console.print(f"{at} [green]cleared[/] {run}: {m.rule}")
             return
         label = "reminder" if event.kind == "remind" else m.severity
         self.console.print(f"{at} [{style}]{label}[/] {run}: [bold]{m.rule}[/] "
@@ -238,14 +313,6 @@ class WatchResult:
                 "audit": [a.to_dict() for a in self.audit], "errors": self.errors}
 
 
-def _job_ids(paths: list[Path]) -> list[str]:
-    """File stems, made unique with the parent folder (or the whole path) where they clash."""
-    stems = [p.name.split(".")[0] for p in paths]
-    ids = [s if stems.count(s) == 1 else f"{p.parent.name}/{s}" for s, p in zip(stems, paths,
-                                                                                   strict=True)]
-    return [i if ids.count(i) == 1 else str(p) for i, p in zip(ids, paths, strict=True)]
-
-
 def _key(path: str | Path) -> Path:
     return Path(path).expanduser().resolve()
 
@@ -254,22 +321,27 @@ def watch(runs: Sequence[str | Path], policy: Policy, state_path: str | Path, ti
           console: Console, until: float | None = None,
           processes: Mapping[str | Path, int | subprocess.Popen[Any]] | None = None,
           definitions: list[MetricDefinition] | None = None, fmt: str | None = None,
+          outputs: Mapping[str | Path, str | Path] | None = None,
           grace_s: float = GRACE_S, remind_every_s: float = REMIND_EVERY_S,
           rules: list[Rule] | None = None,
           clock: Callable[[], float] = time.time) -> WatchResult:
     """Watch run files (and the processes writing them, keyed by run path) until every
     process has exited, or for at most ``until`` seconds. With no processes and no
-    ``until`` it runs until interrupted. State and the audit log go to ``state_path``."""
+    ``until`` it runs until interrupted. State and the audit log go to ``state_path``;
+    ``outputs`` (keyed by run path) are where each process's output goes, whose tail is
+    shown when it fails. The processes given as ``Popen`` (started for this watch) are
+    ended with their process group when the watch ends."""
     if tick_s <= 0:
         raise ValueError(f"tick_s must be positive, got {tick_s}")
     paths = [Path(r) for r in runs]
-    procs = {_key(k): Process(v) for k, v in (processes or {}).items()}
+    outs = {_key(k): Path(v) for k, v in (outputs or {}).items()}
+    procs = {_key(k): Process(v, outs.get(_key(k))) for k, v in (processes or {}).items()}
     unknown = set(procs) - {_key(p) for p in paths}
     if unknown:
         raise ValueError(f"processes given for files not watched: "
                          f"{', '.join(sorted(map(str, unknown)))}")
     local_runs = [LocalRun(p, i, procs.get(_key(p)), definitions, fmt)
-                  for p, i in zip(paths, _job_ids(paths), strict=True)]
+                  for p, i in zip(paths, path_ids(paths), strict=True)]
     source = LocalSource(local_runs, grace_s)
     store = SQLiteStore(state_path)
     started = clock()
@@ -289,6 +361,7 @@ def watch(runs: Sequence[str | Path], policy: Policy, state_path: str | Path, ti
             ticks += 1
             audit.extend(report.audit)
             _print_report(console, report, started, errors, local_runs)
+            _print_ended(console, report.time - started, local_runs)
             if source.processes and all(p.exited_at is not None for p in source.processes):
                 break
             if until is not None and clock() - started >= until:
@@ -296,8 +369,68 @@ def watch(runs: Sequence[str | Path], policy: Policy, state_path: str | Path, ti
             time.sleep(max(0.0, tick_s - (clock() - now)))
     finally:
         store.close()
+        for proc in source.processes:  # what the watchdog started does not outlive it
+            if proc.popen is not None:
+                proc.end(grace_s)
     return WatchResult(started, clock(), ticks, _outcomes(source, sink.events, audit),
                        audit, errors)
+
+
+def exit_text(code: int | None) -> str:
+    """An exit code as a person reads it (a negative Popen code is a signal)."""
+    if code is None:
+        return "exit code unknown (not our child)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _print_ended(console: Console, at_s: float, runs: list[LocalRun]) -> None:
+    """Say once when a process ended: its exit code, and the tail of its output when it
+    failed or wrote no run file."""
+    for run in runs:
+        proc = run.process
+        if proc is None or proc.exited_at is None or proc.reported:
+            continue
+        proc.reported = True
+        wrote = run.job is not None
+        bad = proc.exit_code not in (0, None) and proc.term_sent_at is None
+        style = "red" if bad or not wrote else "green"
+        what = "" if wrote else f"; it never wrote {escape(str(run.path))}"
+        console.print(f"[dim]{at_s:6.1f}s[/] [{style}]ended[/] {escape(run.job_id)}: pid "
+                      f"{proc.pid}, {exit_text(proc.exit_code)}{what}", soft_wrap=True)
+        if (bad or not wrote) and proc.output is not None:
+            lines = tail(proc.output)
+            head = f"last {len(lines)} line(s) of {proc.output}" if lines else \
+                f"{proc.output} is empty"
+            console.print(f"         {escape(head)}:" if lines else f"         {escape(head)}",
+                          soft_wrap=True)
+            for line in lines:
+                console.print(f"         | {escape(line)}", soft_wrap=True, highlight=False)
+
+
+def summary_table(result: WatchResult) -> Table:
+    """One row per run: how it ended, the worst the watchdog said, and any stop."""
+    table = Table(title="trainguard watch: runs", show_edge=False, pad_edge=False,
+                  title_justify="left")
+    for col in ("run", "state", "exit", "steps", "verdict", "findings", "stopped"):
+        table.add_column(col, no_wrap=col != "findings")
+    order = ["ok", "info", "warning", "critical"]
+    for r in result.runs:
+        severities = [f["severity"] for f in r.findings]
+        worst = max(severities, key=order.index) if severities else "ok"
+        rules = ", ".join(dict.fromkeys(f["rule"] for f in r.findings)) or "-"
+        stopped = "-"
+        if r.stopped_by is not None:
+            stopped = f"{'would stop' if r.dry_run_stop else 'stopped'} ({r.stopped_by})"
+        code = "-" if r.exit_code is None else (
+            str(r.exit_code) if r.exit_code >= 0 else exit_text(r.exit_code))
+        table.add_row(r.job_id, r.state, code,
+                      "-" if r.steps is None else f"{r.steps:,.0f}", worst, rules, stopped)
+    return table
 
 
 def _print_report(console: Console, report: TickReport, started: float, errors: list[str],

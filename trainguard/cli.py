@@ -494,7 +494,8 @@ def _pids(options: list[str] | None) -> dict[str | Path, int]:
 
 
 def _start(options: list[str] | None, paths: list[Path]) -> dict[str | Path, Any]:
-    """Start each ``PATH=COMMAND``; the command's output goes to ``PATH.out``."""
+    """Start each ``PATH=COMMAND`` in a process group of its own (so a stop reaches its
+    workers too); the command's output goes to ``PATH.out``."""
     started: dict[str | Path, subprocess.Popen[bytes]] = {}
     for option in options or []:
         path, sep, command = option.partition("=")
@@ -505,7 +506,8 @@ def _start(options: list[str] | None, paths: list[Path]) -> dict[str | Path, Any
         with open(f"{path}.out", "wb") as output:
             try:
                 started[path] = subprocess.Popen(shlex.split(command), stdout=output,
-                                                 stderr=subprocess.STDOUT)
+                                                 stderr=subprocess.STDOUT,
+                                                 start_new_session=True)
             except OSError as e:
                 fail(f"--start {option!r}: cannot start it: {e}")
     return dict(started)
@@ -531,33 +533,41 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
           json_out: Annotated[Path | None, typer.Option(
               "--json", metavar="FILE", help="Write the outcome of every run as JSON.")]
           = None) -> None:
-    """Watch run files live with the watchdog's own tick; exit 1 if a finding went critical.
+    """Watch run files live with the watchdog's own tick; exit 1 if a finding went critical
+    or a watched process failed on its own (a non-zero exit not caused by a stop).
 
-    Ends when every --pid or --start process has exited, after --until seconds, or on
-    Ctrl-C (which also ends the processes it started).
+    Ends when every --pid or --start process has exited (saying each one's exit code, and
+    the tail of its output when it failed or wrote nothing), after --until seconds, or on
+    Ctrl-C, with a table of every run's outcome. The processes it started end with it:
+    their whole process group, SIGTERM then SIGKILL after the grace period.
     """
+    from lambdas.local import Process, summary_table
     from lambdas.local import watch as run_watch
 
     pol = load_policy(policy)
     state.parent.mkdir(parents=True, exist_ok=True)
     processes: dict[str | Path, int | subprocess.Popen[Any]] = dict(_pids(pid))
+    definitions = _definitions(metric)
     started = _start(start, paths)
     processes.update(started)
+    report.fit_output(out)
     try:
         result = run_watch(paths, pol, state, tick, out, until=until, processes=processes,
-                           definitions=_definitions(metric))
+                           definitions=definitions,
+                           outputs={p: f"{p}.out" for p in started})
     except ValueError as e:  # a bad tick, a --pid for a file not watched
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     finally:
         for proc in started.values():  # the watchdog started them: none outlives it
-            if proc.poll() is None:
-                proc.terminate()
+            Process(proc).end()
+    out.print(summary_table(result))
     if json_out is not None:
         json_out.write_text(report.dumps(result.to_dict()) + "\n")
     critical = any(f.get("severity") == "critical" for r in result.runs for f in r.findings)
-    raise typer.Exit(1 if critical else 0)
+    failed = any(r.exit_code not in (None, 0) and r.stopped_by is None for r in result.runs)
+    raise typer.Exit(1 if critical or failed else 0)
 
 
 @app.command()

@@ -9,6 +9,7 @@ are not ids: their folder is.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,8 +21,7 @@ GENERIC_FILES = frozenset({"metrics.csv", "trainer_state.json", "hparams.yaml", 
 def run_parts(path: str | Path) -> list[str]:
     """The parts of a run's path that may name it, nearest last; a generic file name
     (and an event file's) is dropped, and so is the extension of the last part."""
-    p = Path(path)
-    parts = [x for x in p.resolve().parts if x not in ("/", "")] if p.exists() else list(p.parts)
+    parts = [x for x in Path(os.path.abspath(path)).parts if x not in ("/", "")]
     if parts and (parts[-1] in GENERIC_FILES or (parts[-1].endswith(".gz") and
                   parts[-1][:-3] in GENERIC_FILES)
                   or parts[-1].startswith("events.out.tfevents.")):
