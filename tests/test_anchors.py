@@ -13,6 +13,7 @@ from trainguard.bench.anchors import (
     ClearMLNonResponsive,
     DebuggerExplodingTensor,
     DebuggerLossNotDecreasing,
+    DebuggerOverfit,
     DebuggerStalledTraining,
     KatibMedianStop,
     KerasEarlyStopping,
@@ -47,11 +48,15 @@ def test_registry_names_every_anchor_with_its_rule_kind() -> None:
     assert set(ANCHORS) == {
         "keras_early_stopping", "keras_terminate_on_nan", "lightning_early_stopping",
         "debugger_loss_not_decreasing", "debugger_stalled_training",
-        "debugger_exploding_tensor", "clearml_nonresponsive", "katib_median_stop"}
+        "debugger_exploding_tensor", "debugger_overfit", "clearml_nonresponsive",
+        "katib_median_stop"}
     for name, cls in ANCHORS.items():
         anchor = cls()
         assert anchor.name == name
-        assert anchor.rule_kind in ("divergence", "plateau", "stall")
+        assert anchor.rule_kind in ("divergence", "plateau", "overfit", "stall")
+        assert set(cls.kinds()) <= {"divergence", "plateau", "overfit", "stall"}
+    # an early stop on the validation loss is the usual guard against overfitting
+    assert "overfit" in KerasEarlyStopping.kinds() and "overfit" in LightningEarlyStopping.kinds()
 
 
 def test_missing_metric_is_a_clear_error() -> None:
@@ -310,3 +315,43 @@ def test_katib_uses_the_mean_of_peer_averages_as_its_code_does() -> None:
     group = peers([1, 1, 1, 1], [1, 1, 1, 1], [10, 10, 10, 10])  # median 1, mean 4
     trial = job(series("val_loss", [3, 3, 3, 3]))
     assert KatibMedianStop().first_fire(trial, "val_loss", group) is None
+
+
+# -- Debugger Overfit -------------------------------------------------------------------------
+
+
+def test_overfit_fires_when_validation_is_more_than_ten_percent_above_training() -> None:
+    train = series("loss", [1.0, 0.8, 0.6, 0.5, 0.4, 0.3])
+    # 1.05 x the training loss at steps 0-2, then 1.2 x at step 3: patience 1 fires there
+    val = series("val_loss", [1.05, 0.84, 0.63, 0.6, 0.6, 0.6])
+    fire = DebuggerOverfit().first_fire(job(train, val), "val_loss")
+    assert fire is not None and fire.step == 3
+    assert "ratio_threshold 0.1" in fire.reason and "val_loss" in fire.reason
+
+
+def test_overfit_compares_with_the_mean_training_loss_since_the_last_evaluation() -> None:
+    # dense training loss, an evaluation every 4 steps; the training mean over steps 5-8 is
+    # (1 + 1 + 1 + 1) / 4 = 1, so a validation loss of 1.09 passes and 1.11 fires
+    train = series("train/box_loss", [3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1])
+    val = series("val/box_loss", [3.2, 1.09, 1.11], steps=[4, 8, 12])
+    fire = DebuggerOverfit().first_fire(job(train, val), "val/box_loss")
+    assert fire is not None and fire.step == 12
+    assert DebuggerOverfit(ratio_threshold=0.2).first_fire(job(train, val), "x") is None
+
+
+def test_overfit_patience_counts_consecutive_evaluations() -> None:
+    train = series("train_loss", [1.0] * 6)
+    val = series("val_loss", [1.2, 1.0, 1.2, 1.2, 1.0, 1.0])
+    fire = DebuggerOverfit(patience=2).first_fire(job(train, val), "val_loss")
+    assert fire is not None and fire.step == 3
+    assert DebuggerOverfit(start_step=4).first_fire(job(train, val), "val_loss") is None
+
+
+def test_overfit_needs_a_validation_loss_with_its_training_twin() -> None:
+    with pytest.raises(ValueError, match=r"no validation loss with a training loss"):
+        DebuggerOverfit().first_fire(job(series("loss", [1, 2, 3])), "loss")
+    # an ``interval`` is no validation, and ``eval_loss`` pairs with ``loss``
+    j = job(series("interval_loss", [1, 1]), series("loss", [1.0, 1.0]),
+            series("eval_loss", [1.0, 2.0]))
+    fire = DebuggerOverfit().first_fire(j, "eval_loss")
+    assert fire is not None and "eval_loss" in fire.reason and fire.step == 1

@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from checker.prices import lookup
+from trainguard.bench.anchors import ANCHORS
 from trainguard.bench.command import bench
 from trainguard.bench.labels import LabelsError, read_labels
 
@@ -73,8 +74,14 @@ def _json(folder: Path, *extra: str) -> dict[str, Any]:
     return data
 
 
-def _head(data: dict[str, Any], detector: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = [h for h in data["head_to_head"] if h["detector"] == detector]
+def _head(data: dict[str, Any], detector: str, rule: str | None = None,
+          family: str = "all") -> dict[str, Any]:
+    """A detector's head-to-head row; an anchor's for its own rule unless ``rule`` says."""
+    if rule is None:
+        rule = (detector.removeprefix("trainguard ") if detector.startswith("trainguard ")
+                else ANCHORS[detector].rule_kind)
+    found: list[dict[str, Any]] = [h for h in data["head_to_head"] if h["detector"] == detector
+                                   and h["rule"] == rule and h["family"] == family]
     assert len(found) == 1, detector
     return found[0]
 
@@ -222,7 +229,7 @@ def test_labels_paths_are_relative_to_the_labels_folder(corpus: Path) -> None:
 
 @pytest.mark.parametrize(("row", "message"), [
     ("flat.csv,sideways,,loss", "labels.csv:2: label: 'sideways' is not one of healthy, "
-                                "diverged, flat, stalled"),
+                                "spiky, diverged, flat, overfit, stalled"),
     ("flat.csv,diverged,soon,loss", "labels.csv:2: onset_step: 'soon': not a number"),
     ("flat.csv,diverged,-3,loss", "labels.csv:2: onset_step: '-3': must be a finite number"),
     ("gone.csv,healthy,,loss", "labels.csv:2: run: no such file or folder 'gone.csv'"),

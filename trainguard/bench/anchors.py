@@ -33,7 +33,7 @@ from checker.cost import NOT_PROGRESS
 from checker.metrics import loss_like
 from checker.model import FloatArray, Job, JobState, Series
 
-RuleKind = Literal["divergence", "plateau", "stall"]
+RuleKind = Literal["divergence", "plateau", "overfit", "stall"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,13 @@ class Anchor(ABC):
     name: ClassVar[str]
     #: The trainguard rule this tool competes with.
     rule_kind: ClassVar[RuleKind]
+    #: Other rules it competes with: a failure it is also used against (an early stop on
+    #: the validation loss is the usual guard against overfitting).
+    also: ClassVar[tuple[RuleKind, ...]] = ()
+
+    @classmethod
+    def kinds(cls) -> tuple[RuleKind, ...]:
+        return (cls.rule_kind, *cls.also)
 
     @abstractmethod
     def first_fire(self, job: Job, metric: str, peers: list[Job] | None = None) -> Fire | None:
@@ -108,6 +115,7 @@ class KerasEarlyStopping(Anchor):
 
     name = "keras_early_stopping"
     rule_kind = "plateau"
+    also = ("overfit",)
 
     def __init__(
         self,
@@ -186,6 +194,7 @@ class LightningEarlyStopping(Anchor):
 
     name = "lightning_early_stopping"
     rule_kind = "plateau"
+    also = ("overfit",)
 
     def __init__(
         self,
@@ -329,6 +338,103 @@ class DebuggerExplodingTensor(Anchor):
             if first is None or (f.step, f.time or 0.0) < (first.step, first.time or 0.0):
                 first = f
         return first
+
+
+#: Words that mark a validation series and, in the same place, its training twin:
+#: ``val_loss``/``loss``, ``val/box_loss``/``train/box_loss``, ``eval_loss``/``loss``.
+_VALIDATION = ("validation", "valid", "val", "eval", "test")
+_TRAINING = ("train", "training", "")
+
+
+def _loss_pairs(job: Job) -> list[tuple[Series, Series]]:
+    """(validation, training) loss series of one quantity, as logged side by side."""
+    pairs = []
+    names = {k: s for k, s in job.series.items() if len(s)}
+    for name, val in sorted(names.items()):
+        if "loss" not in name.lower():
+            continue
+        for word in _VALIDATION:
+            at = name.lower().find(word)
+            if at < 0 or not (at == 0 or not name[at - 1].isalnum()):
+                continue  # the word at the start of a name part only ("val/", "_val_")
+            head, tail = name[:at], name[at + len(word):]
+            twins = [head + t + tail for t in _TRAINING if t] + [
+                (head + tail.lstrip("_/.-")) or ""]
+            train = next((names[t] for t in twins if t in names and t != name), None)
+            if train is not None:
+                pairs.append((val, train))
+                break
+    return pairs
+
+
+class DebuggerOverfit(Anchor):
+    """SageMaker Debugger built-in rule Overfit with its defaults.
+
+    Source: awsdocs/amazon-sagemaker-developer-guide, doc_source/debugger-built-in-rules.md
+    (Overfit): from ``start_step`` (0) it compares the mean validation loss with the
+    mean training loss at each step; when ``(val - train) / train`` exceeds
+    ``ratio_threshold`` (0.1) for ``patience`` (1) steps the rule fires. With no
+    tensor_regex every loss tensor logged in both modes is compared; here, every
+    validation loss with a training twin of the same name (``val_loss``/``loss``,
+    ``val/box_loss``/``train/box_loss``). Our logs record the two at different steps,
+    so at each validation record the training side is the mean of the training loss
+    logged since the previous validation record (the latest one when none was).
+    The rule's source was not available to read; this follows the documentation.
+    """
+
+    name = "debugger_overfit"
+    rule_kind = "overfit"
+
+    def __init__(
+        self,
+        start_step: int = 0,  # debugger-built-in-rules.md (Overfit): start_step default 0
+        patience: int = 1,  # same page: patience default 1
+        ratio_threshold: float = 0.1,  # same page: ratio_threshold default 0.1
+    ) -> None:
+        self.start_step = start_step
+        self.patience = patience
+        self.ratio_threshold = ratio_threshold
+
+    def first_fire(self, job: Job, metric: str, peers: list[Job] | None = None) -> Fire | None:
+        pairs = _loss_pairs(job)
+        if not pairs:
+            have = ", ".join(sorted(k for k, v in job.series.items() if len(v))) or "none"
+            raise ValueError(f"job {job.id!r}: no validation loss with a training loss "
+                             f"beside it (series: {have})")
+        first: Fire | None = None
+        for val, train in pairs:
+            f = self._first(job, val, train)
+            if f is not None and (first is None or f.step < first.step):
+                first = f
+        return first
+
+    def _first(self, job: Job, val: Series, train: Series) -> Fire | None:
+        ok = np.isfinite(train.value) & np.isfinite(train.step)
+        t_steps, t_values = train.step[ok], train.value[ok]
+        over, previous = 0, -math.inf
+        for i in range(len(val)):
+            step, v = float(val.step[i]), float(val.value[i])
+            if not (math.isfinite(step) and step >= self.start_step and math.isfinite(v)):
+                continue
+            since = (t_steps > previous) & (t_steps <= step)
+            previous = step
+            if since.any():
+                mean_train = float(np.mean(t_values[since]))
+            else:
+                seen = np.flatnonzero(t_steps <= step)
+                if not len(seen):
+                    continue
+                mean_train = float(t_values[seen[-1]])
+            if mean_train == 0:
+                continue  # a ratio to nothing is undefined
+            ratio = (v - mean_train) / abs(mean_train)
+            over = over + 1 if ratio > self.ratio_threshold else 0
+            if over >= self.patience:
+                return _fire(job, val, i, (
+                    f"Debugger Overfit: {val.name}={v:.6g} is {ratio:.3g} above the mean "
+                    f"{train.name} {mean_train:.6g} (> ratio_threshold {self.ratio_threshold}) "
+                    f"for {over} step(s) (patience={self.patience})"))
+        return None
 
 
 # -- watchdogs: no new data for too long ------------------------------------------------------
@@ -494,6 +600,6 @@ ANCHORS: dict[str, type[Anchor]] = {
     for cls in (
         KerasEarlyStopping, KerasTerminateOnNaN, LightningEarlyStopping,
         DebuggerLossNotDecreasing, DebuggerStalledTraining, DebuggerExplodingTensor,
-        ClearMLNonResponsive, KatibMedianStop,
+        DebuggerOverfit, ClearMLNonResponsive, KatibMedianStop,
     )
 }

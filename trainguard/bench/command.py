@@ -29,6 +29,11 @@ class BenchFormat(enum.StrEnum):
     json = "json"
 
 
+class BenchView(enum.StrEnum):
+    label = "label"
+    family = "family"
+
+
 def _fail(message: str) -> NoReturn:
     for line in message.splitlines() or [""]:
         typer.echo(f"trainguard: error: {line}", err=True)
@@ -58,6 +63,9 @@ def bench(
         "--inject", help="Also judge a stall, a pause, a divergence and a spike injected "
                          "into every healthy run with a time axis.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the injected faults.")] = 0,
+    by: Annotated[BenchView, typer.Option(
+        "--by", help="label: rows per label over all runs; family: the same, then per "
+                     "family (the labels file's family column).")] = BenchView.label,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Processes to use.")] = 1,
     tick: Annotated[float, typer.Option(
         "--tick", min=0.001, help="Seconds between replay ticks on runs with a time axis "
@@ -79,6 +87,7 @@ def bench(
     except LabelsError as e:
         _fail(str(e))
     settings = harness.Settings(tick=tick, inject=inject, seed=seed,
+                                by_family=by is BenchView.family,
                                 price=harness.pricing(price))
     err = Console(stderr=True)
     columns = (TextColumn("replaying runs"), BarColumn(), MofNCompleteColumn(),

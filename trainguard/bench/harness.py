@@ -14,9 +14,13 @@ live watchdog adds up to one tick to it.
 
 Which trainguard finding detects which label (``JUDGES``): ``diverged`` <- a
 ``divergence`` finding at critical; ``flat`` <- ``plateau`` at warning or above;
-``stalled`` <- ``stall`` at warning or above. The same findings on a healthy case are
-false alarms. An anchor competes with the rule of its ``rule_kind``; on a healthy case
-anything it does is a false alarm.
+``overfit`` <- ``overfit`` at warning or above; ``stalled`` <- ``stall`` at warning or
+above. The same findings on a healthy or spiky case (a run that recovers and ends
+healthy) are false alarms. An anchor competes with the rules of its ``kinds()``; on a
+healthy or spiky case anything it does is a false alarm.
+
+Every number is given per label and, with ``by_family``, per family too (the labels
+file's ``family`` column): a rule that only works on one family shows it.
 
 Savings, at one stated hourly price for every run (default: one Azure
 Standard_ND96isr_H100_v5, 8 x H100, from the price book): for a diverged or flat run,
@@ -47,7 +51,7 @@ from checker.prices import lookup
 from checker.rules.base import Rule
 from trainguard.bench.anchors import ANCHORS, Anchor, KatibMedianStop, RuleKind
 from trainguard.bench.inject import INJECTORS, Injected, inject
-from trainguard.bench.labels import Labelled
+from trainguard.bench.labels import LABELS, NEGATIVE, Labelled
 from trainguard.replay import replay
 
 
@@ -63,10 +67,13 @@ class Judge:
 JUDGES: dict[RuleKind, Judge] = {
     "divergence": Judge("divergence", "diverged", Severity.CRITICAL),
     "plateau": Judge("plateau", "flat", Severity.WARNING),
+    "overfit": Judge("overfit", "overfit", Severity.WARNING),
     "stall": Judge("stall", "stalled", Severity.WARNING),
 }
 KIND_OF_LABEL: dict[str, RuleKind] = {j.label: kind for kind, j in JUDGES.items()}
 
+#: The family (and group) of every case together.
+ALL = "all"
 #: SageMaker CreateTrainingJob StoppingCondition.MaxRuntimeInSeconds defaults to one day
 #: (86,400 s; API reference, StoppingCondition): a hung job burns until then.
 MAX_RUNTIME_S = 86_400.0
@@ -104,6 +111,7 @@ class Settings:
     step_tick: float = 1.0  # steps between ticks on a run with no time axis
     inject: bool = False
     seed: int = 0
+    by_family: bool = False  # every table row per family as well as over all runs
     price: Pricing = field(default_factory=pricing)
     max_runtime_s: float = MAX_RUNTIME_S
     resolution_s: float = 1.0  # how finely a detection between two ticks is timed
@@ -133,6 +141,7 @@ class Case:
     label: str  # what a detector should conclude
     injected: str | None
     experiment: str  # Katib's "other trials" are the runs of the same experiment
+    family: str
     clock: Clock
     metric: str | None  # what the anchors watch
     start_time: float | None
@@ -175,7 +184,7 @@ def detectors() -> list[tuple[str, RuleKind]]:
     out: list[tuple[str, RuleKind]] = []
     for kind in JUDGES:
         out.append((tg_name(kind), kind))
-        out += [(name, kind) for name, cls in ANCHORS.items() if cls.rule_kind == kind]
+        out += [(name, kind) for name, cls in ANCHORS.items() if kind in cls.kinds()]
     return out
 
 
@@ -345,7 +354,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
         onset_time = prog.time_of_step(row.onset_step) if judge.timed else None
     elif label == "stalled":
         onset_step, onset_time = prog.step_at(math.inf), last if judge.timed else None
-    elif label != "healthy":
+    elif label not in NEGATIVE:
         onset_step = float(first.step[0]) if first is not None else None
         onset_time = start if judge.timed else None
     else:
@@ -353,7 +362,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
     case = Case(
         run=row.run, id=job.id, group=f"injected:{fault.kind}" if fault else row.label,
         label=label, injected=fault.kind if fault else None,
-        experiment="|".join(row.group), clock=job.clock, metric=metric,
+        experiment="|".join(row.group), family=row.family, clock=job.clock, metric=metric,
         start_time=start if judge.timed else None, end_time=last if judge.timed else None,
         end_step=prog.step_at(math.inf), onset_step=onset_step, onset_time=onset_time,
         note=fault.note if fault else "",
@@ -377,7 +386,8 @@ def load(row: Labelled) -> Job:
     from adapters.local import load_run
 
     try:
-        job = load_run(row.path, fmt=row.format, job_id=row.run)
+        job = load_run(row.path, definitions=list(row.metrics) or None, fmt=row.format,
+                       job_id=row.run)
     except (ValueError, OSError, UnicodeDecodeError) as e:
         raise BenchError(f"{row.line}: run {row.run!r}: {e}") from None
     if job.last_time() is None:
@@ -490,7 +500,7 @@ def outcome(case: Case, det: Detection | None, settings: Settings) -> Outcome:
     if det is None:
         return Outcome(False)
     out = Outcome(True)
-    if case.label == "healthy":  # nothing to be late for: what a false stop throws away
+    if case.label in NEGATIVE:  # nothing to be late for: what a false stop throws away
         if det.time is not None and case.start_time is not None:
             out.lost_hours = max(det.time - case.start_time, 0.0) / 3600
         return out
@@ -518,6 +528,7 @@ class Row:
     label: str
     runs: int
     flagged: int
+    family: str  # ``all``, or the family these cases belong to
     warned: int | None  # trainguard: cases with a finding of this rule at warning or above
     critical: int | None  # trainguard: cases where it went critical
     delay_steps_median: float | None
@@ -534,7 +545,7 @@ class Row:
 
 
 def _row(detector: str, kind: RuleKind, group: str, label: str, cases: list[Case],
-         settings: Settings) -> Row:
+         settings: Settings, family: str = ALL) -> Row:
     outs = [outcome(c, c.detection(detector), settings) for c in cases]
     hit = [o for o in outs if o.flagged]
     saved = [o.saved_hours for o in hit if o.saved_hours is not None]
@@ -549,7 +560,7 @@ def _row(detector: str, kind: RuleKind, group: str, label: str, cases: list[Case
     mins = [o.delay_min for o in hit if o.delay_min is not None]
     return Row(
         detector=detector, kind=kind, group=group, label=label, runs=len(cases),
-        flagged=len(hit), warned=warned, critical=critical,
+        flagged=len(hit), family=family, warned=warned, critical=critical,
         delay_steps_median=_median(steps), delay_steps_max=_max(steps),
         delay_min_median=_median(mins), delay_min_max=_max(mins),
         saved_gpu_hours=sum(saved) * p.gpus if saved else None,
@@ -561,29 +572,44 @@ def _row(detector: str, kind: RuleKind, group: str, label: str, cases: list[Case
 def groups(cases: Iterable[Case]) -> list[tuple[str, str]]:
     """(group, label) in a stable order: real labels first, then injected faults."""
     seen = {(c.group, c.label) for c in cases}
-    order = ["healthy", "diverged", "flat", "stalled"] + [f"injected:{k}" for k in INJECTORS]
+    order = [*LABELS, *(f"injected:{k}" for k in INJECTORS)]
     return sorted(seen, key=lambda g: (order.index(g[0]) if g[0] in order else 99, g[0]))
 
 
+def families(cases: Iterable[Case]) -> list[str]:
+    return sorted({c.family for c in cases})
+
+
+def by_family(cases: list[Case], settings: Settings) -> list[tuple[str, list[Case]]]:
+    """(``all``, every case), then, with ``settings.by_family``, each family's cases."""
+    out = [(ALL, cases)]
+    if settings.by_family:
+        out += [(f, [c for c in cases if c.family == f]) for f in families(cases)]
+    return out
+
+
 def detail_rows(cases: list[Case], settings: Settings) -> list[Row]:
-    """Every detector on every group."""
+    """Every detector on every group, over all cases and (by family) per family."""
     out = []
-    for name, kind in detectors():
-        for group, label in groups(cases):
-            members = [c for c in cases if c.group == group]
-            out.append(_row(name, kind, group, label, members, settings))
+    for family, members in by_family(cases, settings):
+        for name, kind in detectors():
+            for group, label in groups(members):
+                grouped = [c for c in members if c.group == group]
+                out.append(_row(name, kind, group, label, grouped, settings, family))
     return out
 
 
 @dataclass
 class HeadToHead:
-    """One detector against its rule kind's bad cases (recall) and every healthy case."""
+    """One detector against its rule kind's bad cases (recall) and every healthy or spiky
+    case (false alarms), over all runs or one family's."""
 
     detector: str
     kind: RuleKind
     bad: Row  # on every case labelled as this kind's failure
-    healthy: Row  # on every healthy case: flagged are false alarms
+    healthy: Row  # on every healthy or spiky case: flagged are false alarms
     verdict: str  # against trainguard's rule of the same kind ("" on trainguard's own row)
+    family: str = "all"
 
 
 def _fraction(n: int, d: int) -> float:
@@ -619,17 +645,26 @@ def _sooner(tg: Row, other: Row) -> str:
 
 
 def head_to_head(cases: list[Case], settings: Settings) -> list[HeadToHead]:
+    """Each detector against trainguard's rule of its kind, over all runs and (by family)
+    in each family; a kind with no bad case in a family has no rows there."""
     out: list[HeadToHead] = []
-    healthy = [c for c in cases if c.label == "healthy"]
-    for name, kind in detectors():
-        label = JUDGES[kind].label
-        bad = [c for c in cases if c.label == label]
-        out.append(HeadToHead(name, kind, _row(name, kind, "all", label, bad, settings),
-                              _row(name, kind, "all", "healthy", healthy, settings), ""))
-    for h in out:
-        if tg_kind(h.detector) is None:
-            tg = next(x for x in out if x.detector == tg_name(h.kind))
-            h.verdict = verdict(tg, h)
+    for family, members in by_family(cases, settings):
+        healthy = [c for c in members if c.label in NEGATIVE]
+        here: list[HeadToHead] = []
+        for name, kind in detectors():
+            label = JUDGES[kind].label
+            bad = [c for c in members if c.label == label]
+            if family != ALL and not bad:
+                continue
+            here.append(HeadToHead(
+                name, kind, _row(name, kind, ALL, label, bad, settings, family),
+                _row(name, kind, ALL, " or ".join(NEGATIVE), healthy, settings, family), "",
+                family))
+        for h in here:
+            if tg_kind(h.detector) is None:
+                tg = next(x for x in here if x.detector == tg_name(h.kind))
+                h.verdict = verdict(tg, h)
+        out += here
     return out
 
 
@@ -681,7 +716,14 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         out.append(Check("... within one logging interval of the first non-finite value",
                          f"{len(judged) - len(late)}/{len(judged)}{aside}",
                          not late and not unconfirmed, _ids(late + unconfirmed)))
+    negatives = [c for c in cases if c.group in NEGATIVE]
+    if negatives:
+        bad = [c for c in negatives
+               if any(lv.get("critical") is not None for lv in c.trainguard.values())]
+        out.append(Check("no critical finding on a healthy or spiky run",
+                         f"{len(bad)}/{len(negatives)} fired", not bad, _ids(bad)))
     for group, what in (("healthy", "no critical divergence on a healthy run"),
+                        ("spiky", "no critical divergence on a spiky run that recovers"),
                         ("injected:spike", "no critical divergence on a spike that recovers"),
                         ("injected:nanblip",
                          "no critical divergence on a lone non-finite value that recovers")):
@@ -699,6 +741,12 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         bad = [c for c in healthy if tg(c, "plateau", "warning") is not None]
         out.append(Check("no plateau finding on a healthy run", f"{len(bad)}/{len(healthy)} "
                          "fired", not bad, _ids(bad)))
+    out += _family_plateau_checks(cases)
+    overfit = [c for c in cases if c.label == "overfit"]
+    if overfit:
+        missed = [c for c in overfit if tg(c, "overfit", "warning") is None]
+        out.append(Check("every overfit run flagged (overfit)", f"{len(overfit) - len(missed)}/"
+                         f"{len(overfit)}", not missed, _ids(missed)))
     stalls = [c for c in cases if c.label == "stalled"]
     if stalls:
         late = []
@@ -721,7 +769,37 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         if h.verdict and h.bad.runs:
             passed = (True if h.verdict.startswith("trainguard better")
                       else None if h.verdict.startswith("tie") else False)
-            out.append(Check(f"trainguard {h.kind} vs {h.detector}", h.verdict, passed))
+            where = "" if h.family == ALL else f" [{h.family}]"
+            out.append(Check(f"trainguard {h.kind} vs {h.detector}{where}", h.verdict, passed))
+    return out
+
+
+#: The issue's plateau bar, in every family with at least this many runs of the two labels.
+PLATEAU_FAMILY_MIN_RUNS = 5
+PLATEAU_MIN_RECALL, PLATEAU_MAX_WARNED = 0.90, 0.03
+
+
+def _family_plateau_checks(cases: list[Case]) -> list[Check]:
+    """Plateau recall >= 90 % with at most 3 % of healthy runs warned, per family."""
+    out = []
+    real = [c for c in cases if c.injected is None]
+    for family in families(real):
+        flat = [c for c in real if c.family == family and c.label == "flat"]
+        healthy = [c for c in real if c.family == family and c.label == "healthy"]
+        if len(flat) + len(healthy) < PLATEAU_FAMILY_MIN_RUNS or not (flat or healthy):
+            continue
+
+        def warned(c: Case) -> bool:
+            return c.trainguard.get("plateau", {}).get("warning") is not None
+
+        found = [c for c in flat if warned(c)]
+        false = [c for c in healthy if warned(c)]
+        recall_ok = not flat or len(found) >= PLATEAU_MIN_RECALL * len(flat)
+        false_ok = len(false) <= PLATEAU_MAX_WARNED * len(healthy)
+        out.append(Check(
+            f"plateau in family {family}: recall >= 90 %, healthy warned <= 3 %",
+            f"flat {len(found)}/{len(flat)}, healthy warned {len(false)}/{len(healthy)}",
+            recall_ok and false_ok, _ids([c for c in flat if not warned(c)] + false)))
     return out
 
 
@@ -776,7 +854,7 @@ def disagreements(cases: list[Case], limit: int = 8) -> list[Disagreement]:
             other = c.detection(name) is not None
             bad = c.label == JUDGES[kind].label
             key = (name, tg, bad)
-            if tg == other or key in found or (not bad and c.label != "healthy"):
+            if tg == other or key in found or (not bad and c.label not in NEGATIVE):
                 continue  # agreeing, seen, or a failure of another kind (no one is wrong)
             who, whom = (tg_name(kind), name) if tg else (name, tg_name(kind))
             verdict = "right" if tg == bad else "wrong"

@@ -6,13 +6,21 @@ other columns may be absent or empty.
 
 ``run``           the run's path, relative to the labels file's folder
 ``source``        where it came from (free text)
-``format``        a reader name (``text``, ``csv``, ``jsonl``...); empty: detected
-``label``         ``healthy``, ``diverged``, ``flat`` or ``stalled``
+``format``        a reader name (``text``, ``csv``, ``hf``, ``jsonl``...; ``json`` is ``hf``);
+                  empty: detected
+``label``         ``healthy``; ``spiky`` (a blow-up the run recovers from, ending healthy:
+                  any critical finding on it is a false alarm); ``diverged``, ``flat``,
+                  ``overfit`` or ``stalled``
+``family``        the recipe family the run belongs to (``bench --by family``); empty: the
+                  run's first folder
 ``onset_step``    the first step where the failure shows (>= 0)
 ``planned_steps``, ``last_step``  the run's planned and last logged step (integers >= 0)
 ``target_metric`` the metric that says whether the run succeeded (anchors watch it)
 ``target_value``, ``final_value``  numbers
 ``reached``       ``true`` or ``false``
+``metrics``       a text log's metric definitions, ``NAME=REGEX`` joined by ``;``, one
+                  capture group each; ``step`` gives the step (``adapters.local``); empty:
+                  the default definitions
 
 Every problem is reported as ``FILE:LINE: column: reason``, all at once.
 """
@@ -21,14 +29,26 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-#: What a detector should conclude; the bad ones name the trainguard rule that finds them.
-LABELS = ("healthy", "diverged", "flat", "stalled")
+if TYPE_CHECKING:
+    from adapters.local import MetricDefinition
+
+#: What a detector should conclude. ``healthy`` and ``spiky`` runs end healthy: whatever
+#: a detector does on them is a false alarm; the others name a failure.
+LABELS = ("healthy", "spiky", "diverged", "flat", "overfit", "stalled")
+NEGATIVE = ("healthy", "spiky")
 REQUIRED = ("run", "label")
+#: Other names a labels file may give a format.
+FORMAT_ALIASES = {"json": "hf"}
+#: The family of a run at the labels file's own level (no folder to name it by).
+NO_FAMILY = "(none)"
+#: Where one definition ends in a ``metrics`` cell: a ``;`` before the next ``NAME=``.
+_NEXT_DEFINITION = re.compile(r";(?=\s*[A-Za-z_][\w.]*\s*=)")
 T = TypeVar("T")
 
 
@@ -40,6 +60,8 @@ class Labelled:
     label: str
     format: str | None = None
     source: str = ""
+    family: str = NO_FAMILY
+    metrics: tuple[MetricDefinition, ...] = ()  # a text log's definitions; () the defaults
     onset_step: float | None = None
     planned_steps: int | None = None
     last_step: int | None = None
@@ -90,6 +112,37 @@ def _known_formats() -> list[str]:
     from adapters.local import FORMATS
 
     return sorted(FORMATS)
+
+
+def family_of(run: str) -> str:
+    """A run's family when the labels file names none: its first folder."""
+    parts = Path(run).parts
+    return parts[0] if len(parts) > 1 else NO_FAMILY
+
+
+def parse_metrics(text: str) -> tuple[MetricDefinition, ...]:
+    """``NAME=REGEX;NAME=REGEX``: one definition per part, each regex with one group.
+
+    A part ends at a ``;`` followed by the next ``NAME=``, so a regex may hold a ``;``
+    of its own elsewhere. ``ValueError`` says which part is wrong and why."""
+    from adapters.local import MetricDefinition
+
+    out = []
+    for part in _NEXT_DEFINITION.split(text):
+        name, sep, regex = part.partition("=")
+        name = name.strip()
+        if not sep or not name or not regex:
+            raise ValueError(f"{part!r} is not NAME=REGEX")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", name):
+            raise ValueError(f"{name!r} is not a metric name (letters, digits, _ and .)")
+        definition = MetricDefinition(name, regex)
+        definition.compile()  # one capture group, a valid regex: or a ValueError saying so
+        out.append(definition)
+    names = [d.name for d in out]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{', '.join(twice)} defined twice")
+    return tuple(out)
 
 
 def read_labels(path: str | Path, check_files: bool = True) -> list[Labelled]:
@@ -171,11 +224,18 @@ class _Row:
         if label not in LABELS:
             self.problem("label", f"{label!r} is not one of {', '.join(LABELS)}")
         fmt = self.get("format") or None
+        fmt = FORMAT_ALIASES.get(fmt, fmt) if fmt is not None else None
         if fmt is not None and fmt not in formats:
-            self.problem("format", f"{fmt!r} is not a known format ({', '.join(formats)})")
+            known = ", ".join(sorted([*formats, *FORMAT_ALIASES]))
+            self.problem("format", f"{fmt!r} is not a known format ({known})")
+        metrics = self.cell("metrics", parse_metrics) or ()
+        if metrics and fmt not in (None, "text"):
+            self.problem("metrics", f"metric definitions apply to text logs, and format is "
+                         f"{fmt!r}")
         item = Labelled(
             run=run, path=folder / run, line=self.line, label=label, format=fmt,
             source=self.get("source"), target_metric=self.get("target_metric") or None,
+            family=self.get("family") or family_of(run), metrics=metrics,
             onset_step=self.cell("onset_step", _number),
             planned_steps=self.cell("planned_steps", _whole),
             last_step=self.cell("last_step", _whole),

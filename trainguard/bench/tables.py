@@ -3,7 +3,8 @@
 The tables are, in order: the head-to-head of each trainguard rule against the tools
 that compete with it, the issue's bar, and every detector on every label group (rows
 for a detector only where its numbers mean something: its own failure label and the
-healthy groups; the JSON has them all).
+healthy and spiky groups; the JSON has them all). With ``--by family`` the head-to-head
+and the per-label table repeat for each family, after the rows over all runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainguard.bench.harness import JUDGES, Bench, Row, as_dict, tg_kind
+from trainguard.bench.harness import ALL, JUDGES, Bench, HeadToHead, Row, as_dict, tg_kind
+from trainguard.bench.labels import NEGATIVE
 
 
 def _n(x: float | None, digits: int = 3) -> str:
@@ -61,15 +63,22 @@ def header(bench: Bench) -> list[str]:
     return lines
 
 
-def head_table(bench: Bench) -> Table:
-    t = Table(title="Head to head: each rule against today's tools", title_justify="left")
+def _by_family(bench: Bench) -> list[str]:
+    return list(dict.fromkeys([ALL, *(r.family for r in bench.rows)]))
+
+
+def head_table(bench: Bench, family: str = ALL) -> Table:
+    where = "" if family == ALL else f" (family {family})"
+    t = Table(title=f"Head to head: each rule against today's tools{where}",
+              title_justify="left")
     for col in ("rule (label)", "detector", "recall", "false alarms", "median delay", "max delay",
                 "saved GPU-h", "saved", "thrown away", "vs trainguard"):
         t.add_column(col, overflow="fold")
-    kinds = list(JUDGES)
-    for h in bench.heads:
+    heads: list[HeadToHead] = [h for h in bench.heads if h.family == family]
+    kinds = list(dict.fromkeys(h.kind for h in heads))
+    for h in heads:
         is_tg = tg_kind(h.detector) is not None
-        last = [x for x in bench.heads if x.kind == h.kind][-1] is h
+        last = [x for x in heads if x.kind == h.kind][-1] is h
         t.add_row(
             f"{h.kind} ({JUDGES[h.kind].label})" if is_tg else "",
             f"[bold]{h.detector}[/]" if is_tg else h.detector,
@@ -97,16 +106,17 @@ def bar_table(bench: Bench) -> Table:
 
 
 def _shown(row: Row) -> bool:
-    """A detector's row on its own failure label and on the healthy groups."""
-    return row.label in ("healthy", JUDGES[row.kind].label)
+    """A detector's row on its own failure label and on the healthy and spiky groups."""
+    return row.label in (*NEGATIVE, JUDGES[row.kind].label)
 
 
-def detail_table(bench: Bench) -> Table:
-    t = Table(title="Every detector per label", title_justify="left")
+def detail_table(bench: Bench, family: str = ALL) -> Table:
+    where = "" if family == ALL else f" (family {family})"
+    t = Table(title=f"Every detector per label{where}", title_justify="left")
     for col in ("detector", "label", "runs", "flagged", "warn+ / crit", "median delay",
                 "max delay", "saved GPU-h", "saved", "thrown away"):
         t.add_column(col, overflow="fold")
-    rows = [r for r in bench.rows if _shown(r)]
+    rows = [r for r in bench.rows if _shown(r) and r.family == family]
     for i, r in enumerate(rows):
         levels = f"{r.warned} / {r.critical}" if r.warned is not None else ""
         t.add_row(r.detector, r.group, str(r.runs), _count(r.flagged, r.runs), levels,
@@ -121,9 +131,14 @@ def print_tables(console: Console, bench: Bench) -> None:
     for line in header(bench):
         console.print(line, highlight=False)
     console.print()
+    families = _by_family(bench)
     console.print(head_table(bench))
     console.print(bar_table(bench))
     console.print(detail_table(bench))
+    for family in families[1:]:
+        if any(h.family == family for h in bench.heads):  # none: no failure in that family
+            console.print(head_table(bench, family))
+        console.print(detail_table(bench, family))
     console.print(f"{len(bench.cases)} cases in {bench.elapsed_s:.1f} s", highlight=False)
 
 
@@ -135,11 +150,13 @@ def to_json(bench: Bench) -> dict[str, Any]:
         "runs": bench.runs,
         "cases": len(bench.cases),
         "settings": {"tick_s": s.tick, "step_tick": s.step_tick, "inject": s.inject,
-                     "seed": s.seed, "resolution_s": s.resolution_s},
+                     "seed": s.seed, "resolution_s": s.resolution_s,
+                     "by_family": s.by_family},
         "price": as_dict(s.price),
         "assumptions": {"max_runtime_s": s.max_runtime_s, "notes": header(bench)[1:]},
         "head_to_head": [
             {"detector": h.detector, "rule": h.kind, "label": JUDGES[h.kind].label,
+             "family": h.family,
              "recall": h.bad.rate, "false_alarm_rate": h.healthy.rate,
              "bad": as_dict(h.bad), "healthy": as_dict(h.healthy), "verdict": h.verdict}
             for h in bench.heads],
