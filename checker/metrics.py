@@ -1,12 +1,42 @@
-"""Which series a rule reads. Names are matched after the policy's aliases."""
+"""Which series a rule reads. Names are matched after the policy's aliases.
+
+Logs from different tools spell the same thing differently (``val_loss``,
+``eval_loss``, ``val/loss``, ``valid_loss``; ``loss``, ``train_loss_epoch``,
+``train/box_loss``), so the helpers here go by the words in a name, not by a list
+of spellings alone.
+"""
 
 from __future__ import annotations
+
+import re
+
+import numpy as np
 
 from checker.model import Job, Series
 from checker.policy import Policy
 
-#: The order in which a "the loss" is looked for when the policy names none.
-PRIMARY_ORDER = ("val_loss", "loss", "train_loss", "eval_loss", "validation_loss")
+#: The order in which a "the loss" is looked for when the policy names none: held-out
+#: losses first (they say whether the model generalises), then the training loss.
+PRIMARY_ORDER = ("val_loss", "eval_loss", "validation_loss", "valid_loss", "val/loss",
+                 "eval/loss", "loss", "train_loss", "train/loss", "train_loss_epoch")
+
+#: Words that mark a series as measured on held-out data rather than on the batches
+#: the optimiser steps on.
+EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+
+#: Words that only say where or how often a training loss was measured.
+_TRAIN_NOISE = frozenset({"train", "training", "epoch", "step", "avg", "mean", "total"})
+
+
+def words(name: str) -> list[str]:
+    """``train/box_loss`` -> [train, box, loss]; ``valLoss`` -> [val, loss]."""
+    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", name)
+    return [w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w]
+
+
+def is_eval(name: str) -> bool:
+    """True for a held-out metric: ``val_loss``, ``eval/loss``, ``outcome_val_loss``."""
+    return bool(EVAL_WORDS & set(words(name)))
 
 
 def get(job: Job, name: str, policy: Policy) -> Series | None:
@@ -29,5 +59,93 @@ def primary(job: Job, policy: Policy) -> Series | None:
         s = get(job, name, policy)
         if s is not None:
             return s
-    losses = loss_like(job)
-    return losses[0] if losses else None
+    return objective(job, held_out=True) or objective(job, held_out=False)
+
+
+def _shortest(series: list[Series]) -> Series:
+    return min(series, key=lambda s: (len(words(s.name)), s.name))
+
+
+def training_objective(job: Job, policy: Policy) -> Series | None:
+    """The loss the optimiser minimises, as one series (see ``objective``)."""
+    alias = policy.metrics.get("loss")
+    if alias and (s := job.series.get(alias)) is not None and len(s):
+        return s
+    return objective(job, held_out=False)
+
+
+def objective(job: Job, held_out: bool) -> Series | None:
+    """The total loss on one side (held-out or training), as one series.
+
+    The total when the job logs one (``loss``, ``train_loss``, ``val/loss``; a
+    per-epoch form before a per-step one: less noise); else the sum of the loss
+    components logged together (Ultralytics' box, cls and dfl losses; a GAN's
+    generator and discriminator losses, whose sum does not swing as each side wins in
+    turn); else None. One component alone can stall while the model learns.
+    """
+    side = [s for s in loss_like(job) if is_eval(s.name) == held_out]
+    if not side:
+        return None
+    noise = _TRAIN_NOISE | (EVAL_WORDS if held_out else frozenset())
+    totals = [s for s in side if [w for w in words(s.name) if w not in noise] == ["loss"]]
+    if totals:
+        by_name = {s.name: s for s in totals}
+        for name in PRIMARY_ORDER:
+            if name in by_name:
+                return by_name[name]
+        epoch = [s for s in totals if "epoch" in words(s.name)]
+        return _shortest(epoch or totals)
+    first = side[0]
+    same = [s for s in side if len(s) == len(first) and np.array_equal(s.step, first.step,
+                                                                        equal_nan=True)]
+    if len(same) < 2:
+        return first if len(side) == 1 else None
+    total = np.sum([s.value for s in same], axis=0)
+    return Series("+".join(s.name for s in same), first.time, first.step, total)
+
+
+def accuracy_partner(job: Job, s: Series) -> Series | None:
+    """The accuracy measured on the same side (held-out or training) as loss ``s``."""
+    side = is_eval(s.name)
+    found = [a for k, a in sorted(job.series.items())
+             if len(a) and {"acc", "accuracy"} & set(words(k)) and is_eval(k) == side
+             and "loss" not in words(k)]
+    return _shortest(found) if found else None
+
+
+def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
+    """``s`` as one point per epoch (the median of each epoch's points, at its last step)
+    when the job logs an ``epoch`` column and ``s`` has at least ``min_per_epoch`` points
+    per epoch on average; else ``s`` unchanged.
+
+    Per-batch losses of a loader that serves the same batches in the same order each
+    epoch repeat a pattern whose point-to-point swing hides whether the level moves;
+    an epoch's median does not swing with it.
+    """
+    ep = job.series.get("epoch")
+    if (ep is None or len(ep) == 0 or is_eval(s.name) or len(s) < 2 * min_per_epoch
+            or not np.isfinite(s.step).all()):
+        return s  # held-out metrics are measured once per evaluation, not per batch
+    ok = np.isfinite(ep.step) & np.isfinite(ep.value)
+    e_step, e_val = ep.step[ok], np.floor(ep.value[ok])
+    order = np.argsort(e_step, kind="stable")
+    e_step, e_val = e_step[order], e_val[order]
+    if len(e_val) == 0 or (np.diff(e_val) < 0).any():
+        return s  # a restarted or resumed log: epochs do not say where a point lies
+    idx = np.searchsorted(e_step, s.step, side="right") - 1
+    epoch = np.where(idx >= 0, e_val[np.clip(idx, 0, None)], e_val[0])
+    labels, starts = np.unique(epoch, return_index=True)
+    if len(labels) < 2 or len(s) / len(labels) < min_per_epoch:
+        return s
+    # Keep the order of first appearance: epochs are logged in order.
+    order = np.argsort(starts)
+    labels = labels[order]
+    med, last = [], []
+    for lab in labels:
+        where = np.flatnonzero(epoch == lab)
+        vals = s.value[where]
+        vals = vals[np.isfinite(vals)]
+        med.append(float(np.median(vals)) if len(vals) else np.nan)
+        last.append(int(where[-1]))
+    at = np.array(last)
+    return Series(f"{s.name} (per-epoch median)", s.time[at], s.step[at], np.array(med))

@@ -4,6 +4,7 @@ from checker.rules import (
     budget,
     divergence,
     logs,
+    overfit,
     plateau,
     restarts,
     stall,
@@ -12,5 +13,6 @@ from checker.rules import (
 )
 
 __all__ = [
-    "budget", "divergence", "logs", "plateau", "restarts", "stall", "target", "utilization",
+    "budget", "divergence", "logs", "overfit", "plateau", "restarts", "stall", "target",
+    "utilization",
 ]

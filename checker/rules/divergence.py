@@ -1,10 +1,24 @@
 """``divergence``: NaN/inf, or a blow-up that does not come back.
 
 Anchors: Keras TerminateOnNaN and Debugger exploding_tensor fire on the first
-non-finite value; Lightning's divergence_threshold is a fixed number. Large-model
-runs often spike and recover (a bad batch, a loss-scale skip), so a finite spike
-that comes back is reported as info, never as critical, and a lone non-finite
-value waits one more logging interval before it counts.
+non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
+
+- reports a finite spike that comes back as info, never as critical (large-model runs
+  spike and recover: a bad batch, a loss-scale skip), and lets a lone non-finite
+  value wait one more logging interval before it counts;
+- finds a divergence without NaN: the training objective's level (a median of three
+  points, so one bad batch cannot move it) many times its own best sustained level
+  for a sustained stretch. A ratio to the run's own best holds at any scale; the best
+  is a level the run has reached, so learning-rate warm-up (a loss rising from its
+  first value) counts only once it has stayed far above where the run started; an
+  objective that goes below zero (a GAN critic, an RL return) is not judged this way,
+  and components of an adversarial objective are judged as their sum;
+- calls non-finite values in evaluation losses only (validation NaN/inf while the
+  training loss is finite) a warning with that diagnosis: the stop is for the
+  training objective;
+- says, as of the last record, that a divergence the run has since come back from
+  (``recover_points`` finite points back near its level) *recovered*, as info with
+  when it fired and when it recovered; a replay sees it fire at the time it did.
 """
 
 from __future__ import annotations
@@ -13,10 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.metrics import loss_like
+from checker.metrics import is_eval, loss_like, training_objective
+from checker.metrics import objective as objective_of
 from checker.model import Finding, FloatArray, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
+from checker.stats import rolling_median3
 
 _BLOCK = 16  # points per block for the rolling reference level
 
@@ -30,6 +46,11 @@ class DivergenceParams:
     recover_points: int = param(
         5, "a blow-up still there after this many points is a divergence, else a spike")
     abs_limit: float = param(1e12, "a loss beyond this magnitude is a blow-up whatever came before")
+    regress_factor: float = param(
+        5.0, "the training objective's level (median of 3 points) this many times its best "
+        "level is a divergence without NaN; healthy noise near a best is a few-fold at most")
+    regress_points: int = param(
+        3, "... when it stays there for this many consecutive levels (a sustained stretch)")
 
 
 def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -83,7 +104,12 @@ class Divergence(Rule):
             [job.series[m] for m in p.metrics if m in job.series]
             if p.metrics else loss_like(job)
         )
-        found = [f for s in series if (f := self._one(job, s)) is not None]
+        finite_training = self._training_finite(job, ctx)
+        found = [f for s in series if (f := self._one(job, s, finite_training)) is not None]
+        objective = None if p.metrics else (
+            training_objective(job, ctx.policy) or objective_of(job, held_out=True))
+        if objective is not None and (f := self._regressed(job, objective)) is not None:
+            found.append(f)
         if not found:
             return []
         # One finding per job: the worst, earliest.
@@ -91,7 +117,13 @@ class Divergence(Rule):
                                   else float("inf")))
         return found[:1]
 
-    def _one(self, job: Job, s: Series) -> Finding | None:
+    def _training_finite(self, job: Job, ctx: Context) -> bool:
+        """Whether the training objective is being logged and its latest value is finite:
+        then non-finite values in an evaluation loss are the evaluation's problem."""
+        train = training_objective(job, ctx.policy)
+        return train is not None and len(train) > 0 and bool(np.isfinite(train.value[-1]))
+
+    def _one(self, job: Job, s: Series, finite_training: bool) -> Finding | None:
         p: DivergenceParams = self.params
         v = s.value
         bad = ~np.isfinite(v)
@@ -108,30 +140,89 @@ class Divergence(Rule):
         if not blown.any():
             return None
         n = len(v)
+        eval_only = finite_training and is_eval(s.name)
         first_spike: tuple[int, int] | None = None
+        fired: tuple[int, int, int | None, str] | None = None  # start, end, nan_at, what
         for start, length in _runs(blown):
             ends_run = start + length == n
             nonfinite = int(bad[start:start + length].sum())
             nan_at = start + int(np.argmax(bad[start:start + length])) if nonfinite else None
             consecutive_bad = max((ln for _, ln in _runs(bad[start:start + length])), default=0)
             if consecutive_bad >= p.nan_points or length >= p.recover_points:
-                return self._finding(job, s, start, nan_at, Severity.CRITICAL,
-                                     "diverged" if consecutive_bad else "blew up and stayed up")
+                what = "diverged" if consecutive_bad else "blew up and stayed up"
+                if ends_run or n - (start + length) < p.recover_points:
+                    return self._finding(job, s, start, nan_at,
+                                         Severity.WARNING if eval_only else Severity.CRITICAL,
+                                         what, eval_only)
+                if fired is None:
+                    fired = (start, start + length, nan_at, what)
+                continue
             if ends_run:
                 return self._finding(job, s, start, nan_at, Severity.WARNING,
                                      "non-finite, watching" if nonfinite else
-                                     "spiking, not yet recovered")
+                                     "spiking, not yet recovered", eval_only)
             if first_spike is None:
                 first_spike = (start, length)
+        if fired is not None:
+            return self._recovered(job, s, *fired, eval_only=eval_only)
         if first_spike is None:
             return None
         start, length = first_spike
-        f = self._finding(job, s, start, None, Severity.INFO, "spiked and recovered")
+        f = self._finding(job, s, start, None, Severity.INFO, "spiked and recovered", eval_only)
         f.evidence["spike_points"] = length
         return f
 
+    def _recovered(self, job: Job, s: Series, start: int, end: int, nan_at: int | None,
+                   what: str, eval_only: bool) -> Finding:
+        """A divergence the run came back from: info as of now, saying when it fired."""
+        f = self._finding(job, s, start, nan_at, Severity.INFO, what, eval_only)
+        back = float(s.step[end]) if np.isfinite(s.step[end]) else None
+        f.message += (f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
+                      f" ({len(s) - end} finite points since)")
+        f.evidence.update(recovered=True, recovered_step=back,
+                          recovered_at=float(s.time[end]), fired_step=f.step,
+                          fired_at=f.started_at)
+        f.evidence["kind"] = "recovered"
+        return f
+
+    def _regressed(self, job: Job, s: Series) -> Finding | None:
+        """The objective's level many times its own best, for a sustained stretch."""
+        p: DivergenceParams = self.params
+        ok = np.isfinite(s.value)
+        v = s.value[ok]
+        if len(v) < 3 + p.regress_points or float(v.min()) <= 0:
+            return None  # too short, or no floor to measure a ratio against
+        level = rolling_median3(v)  # level[i] is the median of v[i:i+3]
+        best = np.minimum.accumulate(level)
+        high = level >= p.regress_factor * best
+        if not high.any():
+            return None
+        idx = np.flatnonzero(ok)
+        out: Finding | None = None
+        for start, length in _runs(high):
+            if length < p.regress_points:
+                continue
+            # The stretch starts at the first point of the first high level's triple that
+            # is itself high: where the climb shows.
+            first = start + int(np.argmax(v[start:start + 3] >= p.regress_factor * best[start]))
+            at = int(idx[first])
+            what = (f"climbed to over {p.regress_factor:g}x its best level "
+                    f"({best[start]:.4g}) and stayed there")
+            evidence = {"best_level": float(best[start]),
+                        "level": float(level[start + length - 1]),
+                        "ratio": float(level[start + length - 1] / best[start])}
+            if start + length == len(level):
+                f = self._finding(job, s, at, None, Severity.CRITICAL, what)
+                f.evidence.update(kind="regressed", **evidence)
+                return f
+            # The level came back: the first point of the first calm triple.
+            end = int(idx[min(start + length + 2, len(v) - 1)])
+            out = self._recovered(job, s, at, end, None, what, False)
+            out.evidence.update(evidence)
+        return out
+
     def _finding(self, job: Job, s: Series, start: int, nan_at: int | None,
-                 severity: Severity, what: str) -> Finding:
+                 severity: Severity, what: str, eval_only: bool = False) -> Finding:
         before = s.value[:start][np.isfinite(s.value[:start])]
         step = float(s.step[start]) if np.isfinite(s.step[start]) else None
         evidence: dict[str, object] = {
@@ -145,9 +236,13 @@ class Divergence(Rule):
             evidence["first_nonfinite_step"] = (
                 float(s.step[nan_at]) if np.isfinite(s.step[nan_at]) else None)
         where = f"step {step:g}" if step is not None else f"record {start}"
+        note = ""
+        if eval_only:
+            evidence["kind"] = "eval_" + str(evidence["kind"])
+            note = " in evaluation only (the training loss is finite): check the evaluation"
         return Finding(
             job_id=job.id, rule=self.name, severity=severity,
-            message=f"{s.name} {what} at {where} (value {_fmt(s.value[start])})",
+            message=f"{s.name} {what} at {where} (value {_fmt(s.value[start])}){note}",
             started_at=float(s.time[start]), step=step, evidence=evidence,
         )
 

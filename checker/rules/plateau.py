@@ -1,42 +1,78 @@
-"""``plateau``: the objective stopped improving.
+"""``plateau``: the objective stopped improving: *not learning* or *converged*.
 
 Anchors: Keras EarlyStopping (patience=0, min_delta=0), Lightning EarlyStopping
 (patience=3 checks), Debugger loss_not_decreasing (10 steps, 0.1 %). Those compare
-single noisy values. This rule compares robust levels at the start and end of a
-window (by default the later half of the run so far, which suits power-law
-learning curves at any stage) and fires only when it is confident, given the
-window's own noise, that the improvement is below ``min_rel_improvement`` of the
-level. A metric that has gone below zero (a GAN critic's Wasserstein loss) has no
-floor to measure improvement against and is not judged.
+single noisy values a fixed number of checks apart. This rule:
 
-On the shared real runs, healthy runs improve by at least 2.4 % over the later
-half at every stage; the flat ones by at most 0.6 % (docs/benchmarks.md).
+- measures its window in the run's own steps (or seconds), never in points: a run
+  that evaluates every 125 steps and then every 5 near its end has a window covering
+  the same stretch of training as an evenly logged one; its head and tail are the
+  first and last thirds of the window's *span*;
+- compares robust levels (medians) of head and tail, and fires only when it is
+  confident, given the points' own noise (first differences, robust to the trend),
+  that the improvement is below ``min_rel_improvement`` of the level. The margin is
+  a Student-t quantile for the points available, so a short run needs strong evidence
+  (a loss flat to many digits) while weak evidence on few points is not enough;
+- aggregates per epoch where the job logs an ``epoch`` column and several points per
+  epoch: per-batch losses that repeat the same pattern each epoch hide the level;
+- calls a run whose loss sits at chance level, ln K for a K-class task, *not
+  learning* on few points: accuracy near 1/K says what K is; without an accuracy,
+  only K up to ``chance_max_classes`` is trusted, and the loss must have started and
+  ended there and never gone meaningfully below it;
+- tells *not learning* (the whole run never improved meaningfully: warning) from
+  *converged* (it learnt, and improvement per unit of time is now negligible: info,
+  with what stopping now would save; whether to stop is the policy's choice).
+
+A metric that has gone below zero (a GAN critic's Wasserstein loss) has no floor to
+measure improvement against and is not judged.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from checker.metrics import primary
-from checker.model import Finding, Job, Series, Severity
+from checker import cost
+from checker.metrics import accuracy_partner, is_eval, per_epoch, primary, training_objective
+from checker.model import Finding, FloatArray, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
-from checker.stats import median
+from checker.stats import diff_sigma, median, rolling_median3, span_thirds, t_quantile
 
 
 @dataclass
 class PlateauParams:
-    metric: str | None = param(None, "the objective; default val_loss, loss, train_loss, *loss*")
+    metric: str | None = param(
+        None, "the objective; default val_loss, eval_loss, ..., loss, train_loss, *loss*")
     mode: Literal["min", "max"] = param("min", "min for a loss, max for an accuracy")
-    window_fraction: float = param(0.5, "the window is this later fraction of the run so far")
+    window_fraction: float = param(
+        0.5, "the window is this later fraction of the run so far, in steps (or seconds)")
     window_steps: float | None = param(None, "a fixed window in steps instead of the fraction")
     window_seconds: float | None = param(None, "a fixed window in seconds instead of the fraction")
-    min_points: int = param(12, "points needed in the window before judging")
-    min_rel_improvement: float = param(0.01, "improvement below this fraction of the level is flat")
-    z: float = param(2.0, "confidence: the improvement plus z standard errors must stay below")
+    min_points: int = param(
+        5, "points needed in the window; few points also widen the margin (Student t)")
+    min_rel_improvement: float = param(
+        0.01, "improvement below this fraction of the level is flat (over the window, "
+        "and over the whole run for 'not learning')")
+    z: float = param(
+        2.0, "confidence as a normal z (2.0 ~ 97.7 %, one-sided): the improvement plus "
+        "the t margin for this confidence must stay below the limit")
+    epoch_points: float = param(
+        2.0, "with an epoch column, judge per-epoch medians when an epoch holds this many "
+        "points on average")
+    chance_tolerance: float = param(
+        0.01, "chance level: the loss never went below ln K by more than this fraction")
+    chance_band: float = param(
+        0.05, "chance level: without an accuracy, the loss started and ended within this "
+        "fraction above ln K")
+    chance_max_classes: int = param(
+        10, "without an accuracy to confirm K, only ln 2 .. ln of this are chance levels")
+    chance_min_points: int = param(3, "points needed to call a loss at chance level")
+    chance_acc_tolerance: float = param(
+        0.15, "chance level: an accuracy within this fraction of 1/K names K")
 
 
 @register
@@ -46,67 +82,205 @@ class Plateau(Rule):
 
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         p: PlateauParams = self.params
-        s = job.series.get(p.metric) if p.metric else primary(job, ctx.policy)
-        if s is None or len(s) < p.min_points:
-            return []
-        if not np.isfinite(s.value[-1]):
-            return []  # the divergence rule is on it
-        win = self._window(job, s)
-        if win is None:
-            return []
-        lo, v = win
-        finite = np.isfinite(v)
-        if not finite.all():
-            v = v[finite]  # a lone NaN that recovered is the divergence rule's business
-        if len(v) < p.min_points:
-            return []
-        sign = 1.0 if p.mode == "min" else -1.0
-        if np.nanmin(s.value) < 0:
+        raw = job.series.get(p.metric) if p.metric else primary(job, ctx.policy)
+        if raw is None or len(raw) == 0 or not np.isfinite(raw.value[-1]):
+            return []  # nothing to judge, or the divergence rule is on it
+        s = per_epoch(job, raw, p.epoch_points)
+        keep = np.isfinite(s.value)
+        x = _axis(job, s)
+        keep &= np.isfinite(x)
+        x, v = x[keep], s.value[keep]
+        if len(v) < p.chance_min_points or np.min(v) < 0:
             # Improvement relative to the level needs a floor at zero; a metric that went
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
             return []
-        # Spikes (points far on the bad side of the window) are the divergence rule's
-        # business, recovered or not: judge the points around them.
-        sigma = 1.4826 * median(np.abs(np.diff(v))) / np.sqrt(2)
-        centre = median(v)
-        calm = sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)
-        if not calm.all():  # the level of what is judged, spikes set aside
-            v = v[calm]
-            if len(v) < p.min_points:
-                return []
-            centre = median(v)
-        k = max(len(v) // 3, 2)
-        head, tail = v[:k], v[-k:]
-        level = abs(centre)
-        if level == 0:
+        idx = np.flatnonzero(keep)
+        chance = self._chance(job, raw, v) if p.mode == "min" else None
+        if chance is not None:
+            k, ln_k, acc = chance
+            return [self._finding(
+                job, s, int(idx[0]), Severity.WARNING, "chance",
+                f"{s.name} sits at chance level ln {k} = {ln_k:.4g} for the whole run"
+                + (f" (accuracy {acc:.3g} ~ 1/{k})" if acc is not None else "")
+                + ": not learning",
+                {"classes": k, "chance_loss": ln_k, "accuracy": acc, "points": len(v)})]
+        if len(v) < p.min_points:
             return []
-        improvement = sign * (median(head) - median(tail))
-        # Noise from first differences (robust to the trend itself): a median of k
-        # points has a standard error of about 1.25 sigma / sqrt(k).
-        se = 1.25 * sigma * np.sqrt(2.0 / k)
-        limit = p.min_rel_improvement * level
-        if improvement + p.z * se >= limit:
+        sign = 1.0 if p.mode == "min" else -1.0
+        x, v, idx = _calm(x, v, idx, sign)
+        lo = self._window_start(job, x)
+        win = self._flat(x[lo:], v[lo:], sign)
+        if win is None or not win[0]:
             return []
-        start_step = float(s.step[lo]) if np.isfinite(s.step[lo]) else None
-        return [Finding(
-            job_id=job.id, rule=self.name, severity=Severity.WARNING,
-            message=(f"{s.name} improved {improvement / level:+.2%} over the last {len(v)} "
-                     f"points (needs {p.min_rel_improvement:.1%}): not learning"),
-            started_at=float(s.time[lo]), step=start_step,
-            evidence={"kind": "flat", "metric": s.name, "points": len(v),
-                      "rel_improvement": improvement / level, "noise_se": se / level,
-                      "level": centre, "window_start_step": start_step},
-        )]
+        _, improvement, se, level = win
+        whole = self._flat(x, v, sign, learnt=True)
+        if whole is not None and whole[0] and not self._training_learnt(job, ctx, s):
+            _, run_improvement, _, _ = whole
+            return [self._finding(
+                job, s, int(idx[0]), Severity.WARNING, "flat",
+                f"{s.name} improved {run_improvement / level:+.2%} over the whole run and "
+                f"{improvement / level:+.2%} over the last {len(v) - lo} points (needs "
+                f"{p.min_rel_improvement:.1%}): not learning",
+                {"points": len(v) - lo, "rel_improvement": improvement / level,
+                 "run_rel_improvement": run_improvement / level, "noise_se": se / level,
+                 "level": level})]
+        return [self._converged(job, ctx, s, int(idx[lo]), v, improvement, se, level)]
 
-    def _window(self, job: Job, s: Series) -> tuple[int, np.ndarray] | None:
+    # --------------------------------------------------------------------- the tests
+
+    def _flat(self, x: FloatArray, v: FloatArray, sign: float, learnt: bool = False
+              ) -> tuple[bool, float, float, float] | None:
+        """(confidently flat?, improvement, its standard error, level) between the first
+        and last thirds of the span of ``x``; None when a third holds fewer than two
+        points or the level is zero. With ``learnt``, the better of the middle and last
+        thirds stands for the end: a run that learnt and then got worse has learnt."""
         p: PlateauParams = self.params
-        n = len(s)
-        if p.window_steps is not None and np.isfinite(s.step[-1]):
-            lo = int(np.searchsorted(s.step, s.step[-1] - p.window_steps, side="left"))
-        elif p.window_seconds is not None and job.clock != "step":
-            lo = int(np.searchsorted(s.time, s.time[-1] - p.window_seconds, side="left"))
-        else:
-            lo = n - max(int(n * p.window_fraction), 1)
-        if n - lo < p.min_points:
+        if len(v) < p.min_points:
             return None
-        return lo, s.value[lo:]
+        head, tail = span_thirds(x)
+        kh, kt = int(head.sum()), int(tail.sum())
+        if kh < 2 or kt < 2:
+            return None
+        level = abs(median(v))
+        if level == 0:
+            return None
+        improvement = sign * (median(v[head]) - median(v[tail]))
+        middle = ~head & ~tail
+        if learnt and middle.sum() >= 2:
+            mid_improvement = sign * (median(v[head]) - median(v[middle]))
+            if mid_improvement > improvement:
+                improvement, kt = mid_improvement, int(middle.sum())
+        # A median of k points has a standard error of about 1.25 sigma / sqrt(k).
+        se = 1.25 * diff_sigma(v) * math.sqrt(1.0 / kh + 1.0 / kt)
+        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
+        margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
+        return improvement + margin < p.min_rel_improvement * level, improvement, se, level
+
+    def _training_learnt(self, job: Job, ctx: Context, s: Series) -> bool:
+        """A held-out metric that never improved while the training loss did: the model
+        learns and does not generalise (the ``overfit`` rule's business when it climbs
+        many-fold), not a model that learns nothing."""
+        if not is_eval(s.name):
+            return False
+        train = training_objective(job, ctx.policy)
+        if train is None:
+            return False
+        t = per_epoch(job, train, self.params.epoch_points)
+        ok = np.isfinite(t.value)
+        x, v = _axis(job, t)[ok], t.value[ok]
+        if len(v) < self.params.min_points or np.min(v) < 0:
+            return False
+        res = self._flat(x, v, 1.0, learnt=True)
+        if res is None:
+            return False
+        _, improvement, se, level = res
+        return bool(improvement - self.params.z * se > self.params.min_rel_improvement * level)
+
+    def _chance(self, job: Job, raw: Series, v: FloatArray
+                ) -> tuple[int, float, float | None] | None:
+        """(K, ln K, accuracy) when loss ``v`` sits at the chance level of a K-class task."""
+        p: PlateauParams = self.params
+        if len(v) < p.chance_min_points:
+            return None
+        best = float(np.min(rolling_median3(v))) if len(v) >= 3 else float(np.min(v))
+        acc_s = accuracy_partner(job, raw)
+        if acc_s is not None:
+            a = acc_s.value[np.isfinite(acc_s.value)]
+            if len(a) >= p.chance_min_points and 0 < median(a) <= 1:
+                return self._chance_confirmed(a, best)
+        head, tail = span_thirds(np.arange(len(v), dtype=float))
+        head, tail = span_thirds(np.arange(len(v), dtype=float))
+        start, end = median(v[head]), median(v[tail])
+        for k in range(2, p.chance_max_classes + 1):
+            ln_k = math.log(k)
+            low, high = ln_k * (1 - p.chance_tolerance), ln_k * (1 + p.chance_band)
+            if best >= low and low <= start <= high and low <= end <= high:
+                return k, ln_k, None
+        return None
+
+    def _chance_confirmed(self, a: FloatArray, best: float
+                          ) -> tuple[int, float, float | None] | None:
+        """K from accuracy ``a`` near 1/K (at the start of the run and at its end, within
+        the accuracy's own noise), and a loss whose best level ``best`` never went
+        meaningfully below ln K: worse than chance is not learning either."""
+        p: PlateauParams = self.params
+        m = median(a)
+        k = round(1.0 / m)
+        if k < 2 or abs(m * k - 1.0) > p.chance_acc_tolerance:
+            return None
+        head, tail = span_thirds(np.arange(len(a), dtype=float))
+        # Batch accuracies are noisy (a binomial on a few dozen samples): the tolerance
+        # widens to the margin of the tail's median.
+        se = 1.25 * diff_sigma(a) / math.sqrt(max(int(tail.sum()), 1))
+        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
+        tol = max(p.chance_acc_tolerance, t_quantile(confidence, max(len(a) - 2, 1)) * se * k)
+        if any(abs(median(a[part]) * k - 1.0) > tol for part in (head, tail) if part.any()):
+            return None
+        ln_k = math.log(k)
+        if best < ln_k * (1 - p.chance_tolerance):
+            return None
+        return k, ln_k, median(a[tail]) if tail.any() else m
+
+    # ----------------------------------------------------------------- the findings
+
+    def _converged(self, job: Job, ctx: Context, s: Series, at: int, v: FloatArray,
+                   improvement: float, se: float, level: float) -> Finding:
+        p: PlateauParams = self.params
+        now = ctx.now
+        spent = cost.spent(job, ctx.policy, now)
+        projected = cost.projected(job, ctx.policy, now)
+        saving = (projected - spent) if projected is not None and spent is not None else None
+        end = cost.planned_end(job, now)
+        hours_left = cost.hours_between(job, now, end) if end is not None else None
+        best = float(np.min(v)) if p.mode == "min" else float(np.max(v))
+        msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
+               f"({improvement / level:+.2%} over the last stretch): converged")
+        if saving is not None and saving > 0:
+            msg += f"; stopping now would save ${saving:,.0f}"
+        return self._finding(job, s, at, Severity.INFO, "converged", msg, {
+            "rel_improvement": improvement / level, "noise_se": se / level, "level": level,
+            "best": best, "saving_usd": saving, "hours_left": hours_left})
+
+    def _finding(self, job: Job, s: Series, at: int, severity: Severity, kind: str,
+                 message: str, evidence: dict[str, object]) -> Finding:
+        step = float(s.step[at]) if np.isfinite(s.step[at]) else None
+        return Finding(
+            job_id=job.id, rule=self.name, severity=severity, message=message,
+            started_at=float(s.time[at]), step=step,
+            evidence={"kind": kind, "metric": s.name, "window_start_step": step, **evidence})
+
+    def _window_start(self, job: Job, x: FloatArray) -> int:
+        """Index of the first point of the window, by span on the run's own axis."""
+        p: PlateauParams = self.params
+        if p.window_steps is not None:
+            edge = x[-1] - p.window_steps
+        elif p.window_seconds is not None and job.clock != "step":
+            edge = x[-1] - p.window_seconds
+        else:
+            edge = x[-1] - p.window_fraction * (x[-1] - x[0])
+        lo = int(np.searchsorted(x, edge, side="left"))
+        return min(lo, max(len(x) - p.min_points, 0))
+
+
+def _axis(job: Job, s: Series) -> FloatArray:
+    """Where each point lies in training: its step when every point has one and steps
+    never go back, else its time (on a step clock, time is the step)."""
+    st = s.step
+    if len(st) and np.isfinite(st).all() and (np.diff(st) >= 0).all() and st[-1] > st[0]:
+        return st
+    t = s.time
+    if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
+        return t
+    return np.arange(len(s), dtype=float)
+
+
+def _calm(x: FloatArray, v: FloatArray, idx: np.ndarray, sign: float
+          ) -> tuple[FloatArray, FloatArray, np.ndarray]:
+    """Spikes (points far on the bad side of the level) are the divergence rule's
+    business, recovered or not: judge the points around them."""
+    sigma = diff_sigma(v)
+    centre = median(v)
+    calm = sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)
+    if calm.all() or calm.sum() < 3:
+        return x, v, idx
+    return x[calm], v[calm], idx[calm]
