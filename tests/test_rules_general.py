@@ -1,0 +1,306 @@
+"""The classes of failure issue 11 names, each on a curve built here.
+
+Each test builds the shape a real run of that class has (uneven evaluation cadence,
+a short run at chance level, per-batch losses repeating each epoch, a loss creeping to
+many times its best, validation NaN during healthy training, a divergence the run came
+back from, a run that learnt and levelled off, a run that overfits) and checks what a
+user would see from ``evaluate``: which rule fires, at what severity, and what stays
+quiet on the healthy twin of the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from checker import Job, Policy, Series, Severity, evaluate
+from checker.stats import normal_quantile, t_quantile
+
+T0 = 1_750_000_000.0
+
+
+def job_of(series: dict[str, tuple[np.ndarray, np.ndarray]], *, dt: float = 10.0,
+           **kw: object) -> Job:
+    """A running job; each series is (steps, values), its time ``T0 + step * dt``."""
+    out = {}
+    last = 0.0
+    for name, (steps, values) in series.items():
+        steps = np.asarray(steps, dtype=float)
+        out[name] = Series(name, T0 + steps * dt, steps, np.asarray(values, dtype=float))
+        last = max(last, float(steps[-1]))
+    st = np.arange(0.0, last + 1)
+    out.setdefault("step", Series("step", T0 + st * dt, st, st))
+    args: dict[str, object] = {"id": "j", "start_time": T0, "series": out}
+    args.update(kw)
+    return Job(**args)  # type: ignore[arg-type]
+
+
+def judged(job: Job, rule: str, at: float | None = None,
+           policy: Policy | None = None) -> list:  # type: ignore[type-arg]
+    now = job.last_time() if at is None else at
+    assert now is not None
+    cut = job.until(now)
+    return [f for f in evaluate([cut], policy or Policy(), now) if f.rule == rule]
+
+
+def power_law(steps: np.ndarray, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 2.0 + 8.0 * (1.0 + steps / 50.0) ** -0.7 + rng.normal(0, noise, len(steps))
+
+
+# --------------------------------------------------------------------------- statistics
+
+@pytest.mark.parametrize(("df", "exact"), [(1, 12.706), (2, 4.303), (3, 3.182), (5, 2.571),
+                                           (10, 2.228), (30, 2.042), (10_000, 1.960)])
+def test_t_quantile_matches_the_tables(df: int, exact: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(exact, rel=0.01)
+
+
+def test_normal_quantile_matches_the_tables() -> None:
+    assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
+    assert normal_quantile(0.5) == pytest.approx(0.0, abs=1e-9)
+    assert normal_quantile(0.001) == pytest.approx(-3.090232, abs=1e-5)
+
+
+# ------------------------------------------------------- 1. uneven evaluation cadence
+
+def uneven_steps() -> np.ndarray:
+    """Evaluations every 125 steps to 5,000, then every 5 steps for the last 200."""
+    return np.concatenate([np.arange(125, 5001, 125), np.arange(5005, 5201, 5)])
+
+
+def test_a_dense_last_stretch_of_evaluations_is_not_a_plateau() -> None:
+    steps = uneven_steps()
+    job = job_of({"val_loss": (steps, power_law(steps, noise=0.002))})
+    # 40 of the 80 points sit in the last 200 of 5,200 steps, where a power law is flat:
+    # a window of "the later half of the points" sees only them. The window in steps
+    # sees the later 2,600 steps, where the curve still falls by several per cent.
+    assert [f for f in judged(job, "plateau") if f.severity is not Severity.INFO] == []
+
+
+def test_a_flat_run_with_the_same_uneven_cadence_is_still_not_learning() -> None:
+    steps = uneven_steps()
+    flat = 4.2 + np.random.default_rng(1).normal(0, 0.002, len(steps))
+    (f,) = judged(job_of({"val_loss": (steps, flat)}), "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["kind"] == "flat"
+
+
+# ----------------------------------------------------------------------- 2. short runs
+
+def test_a_short_run_at_chance_level_with_chance_accuracy_is_not_learning() -> None:
+    steps = np.arange(6.0)
+    k = 8  # an 8-class task: chance loss ln 8 = 2.079, chance accuracy 1/8
+    loss = math.log(k) + np.array([0.004, -0.002, 0.001, -0.003, 0.002, -0.006])
+    acc = 1 / k + np.array([0.01, -0.02, 0.0, 0.015, -0.01, 0.005])
+    (f,) = judged(job_of({"val_loss": (steps, loss), "val_acc": (steps, acc)}), "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["kind"] == "chance"
+    assert f.evidence["classes"] == k
+
+
+def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None:
+    steps = np.arange(6.0)
+    loss = math.log(2) + np.array([0.02, 0.004, -0.001, 0.003, 0.0, 0.001])
+    (f,) = judged(job_of({"val_loss": (steps, loss)}), "plateau")
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 2
+
+
+def test_a_short_run_learning_through_chance_level_is_not_flagged() -> None:
+    steps = np.arange(6.0)
+    # starts at ln 2 like any binary classifier and learns: not at chance at its end
+    loss = np.array([0.69, 0.60, 0.51, 0.45, 0.40, 0.37])
+    acc = np.array([0.50, 0.66, 0.74, 0.79, 0.82, 0.84])
+    assert judged(job_of({"val_loss": (steps, loss), "val_acc": (steps, acc)}),
+                  "plateau") == []
+
+
+def test_a_short_run_constant_to_six_digits_is_not_learning() -> None:
+    steps = np.arange(7.0) * 100
+    loss = 246.4912 + np.array([3e-4, 1e-4, 2e-4, 0.0, 1e-4, 2e-4, 1e-4])
+    (f,) = judged(job_of({"train_loss": (steps, loss)}), "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["kind"] == "flat"
+
+
+def test_weak_evidence_on_few_points_is_not_enough() -> None:
+    steps = np.arange(7.0)
+    # about flat, but noisy: seven points cannot say the improvement is under 1 %
+    loss = 1.0 + np.array([0.00, 0.05, -0.04, 0.03, -0.05, 0.04, -0.02])
+    assert judged(job_of({"val_loss": (steps, loss)}), "plateau") == []
+
+
+# ------------------------------------------------- 3. per-batch losses repeating each epoch
+
+def batches(levels: list[float], per_epoch: int = 40) -> tuple[np.ndarray, np.ndarray,
+                                                               np.ndarray]:
+    """Per-batch losses whose within-epoch pattern (the same batches in the same order)
+    repeats every epoch around each epoch's level; and the epoch of each record."""
+    pattern = 0.8 * np.sin(np.linspace(0, 6 * np.pi, per_epoch)) + np.random.default_rng(
+        2).normal(0, 0.3, per_epoch)
+    loss = np.concatenate([lv + pattern for lv in levels])
+    epoch = np.repeat(np.arange(len(levels), dtype=float), per_epoch)
+    steps = np.arange(len(loss), dtype=float)
+    return steps, loss, epoch
+
+
+def test_repeating_per_batch_losses_are_judged_per_epoch_and_found_flat() -> None:
+    steps, loss, epoch = batches([3.0] * 8)
+    job = job_of({"train_loss": (steps, loss), "epoch": (steps, epoch)})
+    (f,) = judged(job, "plateau")
+    assert f.severity is Severity.WARNING
+    assert "per-epoch" in f.evidence["metric"]
+    # Without the epoch column the same numbers are too noisy to call.
+    assert judged(job_of({"train_loss": (steps, loss)}), "plateau") == []
+
+
+def test_per_batch_losses_over_a_falling_level_are_not_flat() -> None:
+    steps, loss, epoch = batches([3.0, 2.6, 2.3, 2.1, 1.95, 1.85, 1.78, 1.72])
+    job = job_of({"train_loss": (steps, loss), "epoch": (steps, epoch)})
+    assert judged(job, "plateau") == []
+
+
+# --------------------------------------------------------- 4. divergence without NaN
+
+def test_a_fine_tune_creeping_to_many_times_its_start_is_critical() -> None:
+    steps = np.arange(60.0) * 10
+    loss = np.concatenate([np.linspace(1.0, 0.4, 20), np.geomspace(0.4, 6.0, 40)])
+    (f,) = judged(job_of({"loss": (steps, loss)}), "divergence")
+    assert f.severity is Severity.CRITICAL and f.evidence["kind"] == "regressed"
+    # it fires where the level first passed 5x its best, not at the end of the climb
+    assert loss[int(f.step // 10)] >= 5 * 0.4 * 0.9
+    assert f.step < steps[-1]
+
+
+def test_a_jump_of_an_order_of_magnitude_that_stays_is_critical_within_an_interval() -> None:
+    steps = np.arange(80.0) * 50
+    loss = power_law(steps / 50, noise=0.01)
+    loss[50:] = 10 * loss[49] + np.random.default_rng(3).normal(0, 0.2, 30)
+    job = job_of({"loss": (steps, loss)})
+    fired = None
+    for i in range(45, 80):
+        found = [f for f in judged(job, "divergence", at=float(T0 + steps[i] * 10))
+                 if f.severity is Severity.CRITICAL]
+        if found:
+            fired = i
+            break
+    assert fired is not None
+    # needs a sustained level (3 medians of 3): its fourth point after the jump at the latest
+    assert fired - 50 <= 3
+
+
+def test_learning_rate_warm_up_and_an_oscillating_gan_do_not_diverge() -> None:
+    steps = np.arange(100.0)
+    warm = np.concatenate([np.linspace(2.3, 4.0, 10), 4.0 * np.exp(-np.arange(90) / 30) + 1])
+    assert [f for f in judged(job_of({"loss": (steps, warm)}), "divergence")
+            if f.severity is not Severity.INFO] == []
+    phase = np.sin(np.arange(100) / 6)
+    gen = 2.0 + 1.9 * phase  # the generator wins, then the discriminator, in turn
+    disc = 2.0 - 1.9 * phase
+    gan = job_of({"train_gen_loss": (steps, gen), "train_disc_loss": (steps, disc)})
+    assert [f for f in judged(gan, "divergence") if f.severity is not Severity.INFO] == []
+
+
+# ----------------------------------------------------- 5. evaluation-only non-finite
+
+def detector_run(val_nan: slice) -> Job:
+    epochs = np.arange(40.0)
+    train = 3.0 * np.exp(-epochs / 15) + 0.5
+    val = 2.0 * np.exp(-epochs / 15) + 0.9
+    val[val_nan] = np.nan
+    return job_of({"train/box_loss": (epochs, train), "train/cls_loss": (epochs, train / 2),
+                   "val/box_loss": (epochs, val)}, dt=600.0)
+
+
+def test_validation_nan_while_training_is_finite_is_a_warning_never_critical() -> None:
+    job = detector_run(slice(3, 10))
+    during = T0 + 8 * 600.0
+    (f,) = judged(job, "divergence", at=during)
+    assert f.severity is Severity.WARNING
+    assert f.evidence["kind"] == "eval_nonfinite" and "evaluation only" in f.message
+    # ...and once evaluation is finite again the run is healthy: nothing above info.
+    assert all(f.severity is Severity.INFO for f in judged(job, "divergence"))
+
+
+def test_nan_in_the_training_objective_is_still_critical() -> None:
+    epochs = np.arange(40.0)
+    train = 3.0 * np.exp(-epochs / 15) + 0.5
+    train[30:] = np.nan
+    job = job_of({"train/box_loss": (epochs, train), "train/cls_loss": (epochs, train / 2),
+                  "val/box_loss": (epochs, train + 0.3)})
+    (f,) = judged(job, "divergence")
+    assert f.severity is Severity.CRITICAL and f.step == 30
+
+
+# ------------------------------------------------------ 6. recovered, as of the last record
+
+def test_a_divergence_the_run_came_back_from_is_info_recovered_with_when() -> None:
+    steps = np.arange(200.0)
+    loss = power_law(steps, noise=0.01)
+    loss[100:104] = np.nan
+    job = job_of({"loss": (steps, loss)})
+    # A replay sees it fire: critical at the first non-finite step, while it lasts.
+    (live,) = judged(job, "divergence", at=T0 + 103 * 10.0)
+    assert live.severity is Severity.CRITICAL and live.step == 100
+    # As of the last record it has recovered: info, saying when it fired and recovered.
+    (f,) = judged(job, "divergence")
+    assert f.severity is Severity.INFO and f.evidence["kind"] == "recovered"
+    assert f.evidence["fired_step"] == 100 and f.evidence["recovered_step"] == 104
+    assert "recovered at step 104" in f.message
+
+
+def test_a_divergence_that_came_back_and_went_again_is_critical() -> None:
+    steps = np.arange(200.0)
+    loss = power_law(steps, noise=0.01)
+    loss[100:104] = np.nan
+    loss[190:] = np.nan
+    (f,) = judged(job_of({"loss": (steps, loss)}), "divergence")
+    assert f.severity is Severity.CRITICAL and f.step == 190
+
+
+# ----------------------------------------------------- 7. not learning versus converged
+
+def test_a_run_that_learnt_and_levelled_off_is_converged_with_the_saving() -> None:
+    steps = np.arange(400.0)
+    loss = 1.0 + 3.0 * np.exp(-steps / 40) + np.random.default_rng(4).normal(0, 0.003, 400)
+    job = job_of({"loss": (steps, loss)}, hourly_price=30.0, planned_steps=1000)
+    (f,) = judged(job, "plateau")
+    assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"
+    # 600 steps left at 10 s each: 1 h 40 min at $30/h.
+    assert f.evidence["saving_usd"] == pytest.approx(50.0, rel=0.05)
+    assert "save $50" in f.message
+    assert "not learning" not in f.message
+
+
+def test_a_run_that_never_improved_is_not_learning() -> None:
+    steps = np.arange(400.0)
+    loss = 4.0 + np.random.default_rng(5).normal(0, 0.003, 400)
+    (f,) = judged(job_of({"loss": (steps, loss)}), "plateau")
+    assert f.severity is Severity.WARNING and "not learning" in f.message
+
+
+# --------------------------------------------------------------------------- 8. overfit
+
+def overfit_run(val_end: float, train_end: float = 0.05) -> Job:
+    epochs = np.arange(50.0)
+    val = np.concatenate([np.linspace(0.9, 0.3, 10), np.linspace(0.3, val_end, 40)])
+    train = np.linspace(1.0, train_end, 50)
+    return job_of({"val_loss": (epochs, val), "train_loss": (epochs, train)}, dt=60.0,
+                  hourly_price=12.0)
+
+
+def test_validation_climbing_many_fold_while_training_falls_is_overfit() -> None:
+    (f,) = judged(overfit_run(val_end=3.0), "overfit")
+    assert f.severity is Severity.WARNING
+    assert f.evidence["best_step"] == 9 and f.step == 9
+    assert f.evidence["ratio"] > 3
+    # spend since the best checkpoint: 40 epochs of 60 s at $12/h
+    assert f.burnt_usd == pytest.approx(12.0 * 40 / 60, rel=0.01)
+    assert "best checkpoint is at step 9" in f.message
+
+
+def test_validation_drifting_up_a_little_is_not_overfit() -> None:
+    assert judged(overfit_run(val_end=0.45), "overfit") == []
+
+
+def test_validation_climbing_while_training_climbs_too_is_not_overfit() -> None:
+    assert judged(overfit_run(val_end=3.0, train_end=2.0), "overfit") == []
