@@ -7,7 +7,6 @@ line and reason, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import fnmatch
@@ -46,8 +45,6 @@ err = Console(stderr=True, highlight=False)
 
 #: More files than this get a progress bar (on stderr, so JSON on stdout stays clean).
 PROGRESS_AFTER = 3
-#: Default replay tick: the watchdog's usual cadence (seconds, or steps on a step clock).
-DEFAULT_TICK = 60.0
 
 
 def _version(value: bool) -> None:
@@ -298,30 +295,10 @@ def judge_finished(run: Run, policy: Policy, rules: list[Any], now: float | None
     job = run.job
     at = job.last_time() if now is None else now
     if at is None:
-        return Checked(run, None, [], no_data=no_data_reason(run))
+        return Checked(run, None, [], no_data=report.no_data_reason(run))
     findings = evaluate([job.until(at)], policy, at, rules=rules)
-    reason = None if any(len(s) for s in job.series.values()) else no_data_reason(run)
+    reason = None if report.has_data(job) else report.no_data_reason(run)
     return Checked(run, at, findings, no_data=reason)
-
-
-def no_data_reason(run: Run) -> str:
-    """Why a run has nothing to judge, as the user can act on it."""
-    path = Path(run.path)
-    try:
-        size = path.stat().st_size if path.is_file() else None
-        with open(path, "rb") if path.is_file() else contextlib.nullcontext(None) as f:
-            head = f.read(4096) if f is not None else b""
-    except OSError:
-        size, head = None, b""
-    if size == 0:
-        return "no data: the file is empty"
-    if b"\0" in head and not head.startswith(b"\x1f\x8b"):
-        return "no data: a binary file, not a training log"
-    lines = len(run.job.logs)
-    if lines:
-        return (f"no data: no metric or step recognised in {lines} line(s) "
-                "(add --metric NAME=REGEX for this log's format)")
-    return f"no data: no records in this {run.fmt or 'run'}"
 
 
 def warn_unknown_series(policy: Policy, jobs: list[Job]) -> None:
@@ -391,17 +368,20 @@ def check(paths: OptionalPathsArg = None, policy: PolicyOpt = None, metric: Metr
 
 @app.command()
 def replay(paths: PathsArg,
-           tick: Annotated[float, typer.Option(
+           tick: Annotated[float | None, typer.Option(
                "--tick",
-               help="Seconds between ticks on the run's own time axis "
-                    "(steps on a run that has only steps).")] = DEFAULT_TICK,
+               help="Seconds between ticks on the run's own time axis (steps on a run "
+                    "that has only steps). Default: the run's logging interval, at most "
+                    "1,000 ticks, each finding timed back to the record that made it.")]
+           = None,
            policy: PolicyOpt = None, metric: MetricOpt = None, plot: PlotOpt = None,
            format: FormatOpt = OutputFormat.table, price: PriceOpt = None,
            gpus: GpusOpt = None, source: SourceOpt = "local", run: RunOpt = None) -> None:
     """Replay finished runs tick by tick as if they were live.
 
     Says when each finding first fired, when it escalated, and what stopping at the first
-    critical one would have saved. Exit 1 if any finding went critical.
+    critical one would have saved. Exit 1 if any finding went critical, 2 if a run has no
+    data. The last tick judges each run as of its last record: what ``check`` says.
     """
     from trainguard.replay import replay as run_replay
 
@@ -426,7 +406,8 @@ def replay(paths: PathsArg,
     else:
         report.print_replay(out, results)
     critical = any(h.worst is Severity.CRITICAL for _, r in results for h in r.histories)
-    raise typer.Exit(1 if critical else 0)
+    empty = any(report.replay_verdict(r) == report.NO_DATA for _, r in results)
+    raise typer.Exit(1 if critical else 2 if empty else 0)
 
 
 # --- rules and policies -----------------------------------------------------------------------

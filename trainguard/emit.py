@@ -121,11 +121,13 @@ class Emitter:
         return True
 
     def record(self, step: int | None, values: Mapping[str, SupportsFloat], *,
-               event: str | None = None) -> bool:
-        """``emit`` with the metrics in a mapping (``loss`` among them, if any)."""
+               event: str | None = None, force: bool = False) -> bool:
+        """``emit`` with the metrics in a mapping (``loss`` among them, if any); ``force``
+        writes past the rate limit (a framework's own logging cadence already paces it)."""
         if step is not None:
             self.step = step
-        if event is None and _monotonic() < self._due and all(map(_isfinite, values.values())):
+        if (event is None and not force and _monotonic() < self._due
+                and all(map(_isfinite, values.values()))):
             self.skipped += 1
             return False
         self._write_record(step, {self._key(k): float(v) for k, v in values.items()}, event)

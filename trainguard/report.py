@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,10 +88,41 @@ class Checked:
         return verdict(self.findings)
 
 
+def has_data(job: Job) -> bool:
+    """Whether the run recorded anything a rule can judge (a metric or a step)."""
+    return any(len(s) for s in job.series.values())
+
+
+def no_data_reason(run: Run) -> str:
+    """Why a run has nothing to judge, said so the user can act on it."""
+    path = Path(run.path)
+    size: int | None = None
+    head = b""
+    if path.is_file():
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            pass
+    if size == 0:
+        return "no data: the file is empty"
+    if b"\0" in head and not head.startswith(b"\x1f\x8b"):
+        return "no data: a binary file, not a training log"
+    lines = len(run.job.logs)
+    if lines:
+        return (f"no data: no metric or step recognised in {lines} line(s) "
+                "(add --metric NAME=REGEX for this log's format)")
+    return f"no data: no records in this {run.fmt or 'run'}"
+
+
 def replay_verdict(result: ReplayResult) -> str:
-    """The worst the watchdog said at any tick of the replay."""
+    """The worst the watchdog said at any tick of the replay; ``no data`` for a run with
+    nothing to judge."""
     worst = [h.worst for h in result.histories]
-    return max(worst, key=lambda s: s.rank).value if worst else "ok"
+    if worst:
+        return max(worst, key=lambda s: s.rank).value
+    return "ok" if has_data(result.job) else NO_DATA
 
 
 def worst_of(verdicts: list[str]) -> str:
@@ -316,6 +348,8 @@ def print_replay(console: Console, results: list[tuple[Run, ReplayResult]]) -> N
     for run, r in results:
         unit = "steps" if r.unit == "step" else "s"
         _heading(console, run, replay_verdict(r), f", {r.ticks} ticks of {r.tick:g} {unit}")
+        if replay_verdict(r) == NO_DATA:
+            console.print(f"  {no_data_reason(run)}", highlight=False, soft_wrap=True)
         if r.histories:
             table = Table(show_edge=False, pad_edge=False)
             for col in ("rule", "series", "first fired", "as", "escalated", "last seen",

@@ -69,8 +69,9 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
                      time=True, scale=0.001),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",
                      time=True),
-    *_kv("val_loss"),
-    *_kv("train_loss"),
+    # the CamelCase and spaced spellings scripts print ("TrainLoss=1.87 | ValLoss=1.30")
+    *_kv("val_loss", "val_loss", "ValLoss", "valLoss", "Val Loss", "val loss"),
+    *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss", "Train Loss", "train loss"),
     *_kv("loss", "loss", "Loss"),
     *_kv("lr"),
     *_kv("epoch", "epoch", "Epoch"),

@@ -50,7 +50,15 @@ class TextReader(Reader):
     name = "text"
 
     def matches_name(self, path: Path) -> bool:
-        return path.is_file() and path.name.removesuffix(".gz").endswith((".log", ".txt", ".out"))
+        """A ``.log``, ``.txt`` or ``.out`` file, unless it holds CSV or JSON lines: Keras's
+        ``CSVLogger`` writes ``training.log`` in its own docs."""
+        if not (path.is_file() and
+                path.name.removesuffix(".gz").endswith((".log", ".txt", ".out"))):
+            return False
+        from adapters.local.jsonl import JsonLinesReader
+        from adapters.local.tabular import CsvReader
+
+        return not (CsvReader().matches_content(path) or JsonLinesReader().matches_content(path))
 
     def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
                 select: str | None) -> None:

@@ -3,7 +3,8 @@
     from trainguard.callbacks.hf import TrainguardCallback
     trainer = Trainer(..., callbacks=[TrainguardCallback()])
 
-On each log: step (of ``max_steps``), loss, learning rate (as ``lr``), gradient norm, epoch
+On each log (every ``logging_steps``, each written whatever the emit rate limit):
+step (of ``max_steps``), loss, learning rate (as ``lr``), gradient norm, epoch
 and throughput (samples/s from the step rate and the global batch size). Around an
 evaluation and a checkpoint save: ``pause`` / heartbeats / ``resume`` lines; after an
 evaluation its metrics as an ``event=eval`` line (``eval_loss`` as ``val_loss``).
@@ -73,7 +74,10 @@ class TrainguardCallback(TrainerCallback):  # type: ignore[misc]
         throughput = self.rate(state.global_step, batch)
         if throughput is not None:
             values["throughput"] = throughput
-        self.emitter.record(state.global_step, values)
+        # every log the Trainer makes (each logging_steps), past the rate limit: the
+        # Trainer paces them, and trainer_state.json holds them all, so the two are
+        # judged alike
+        self.emitter.record(state.global_step, values, force=True)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, metrics: dict[str, float] | None = None,
