@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from checker import cost
 from checker.model import Finding, Job
 from checker.policy import Policy
 from checker.registry import RULES, rule_names
 from checker.rules.base import Context, Rule
+
+if TYPE_CHECKING:
+    from checker.follow import Followers
 
 log = logging.getLogger("trainguard.checker")
 
@@ -23,11 +27,13 @@ def build_rules(policy: Policy) -> list[Rule]:
 
 
 def evaluate(jobs: list[Job], policy: Policy, now: float,
-             rules: list[Rule] | None = None) -> list[Finding]:
+             rules: list[Rule] | None = None,
+             followers: Followers | None = None) -> list[Finding]:
     """Every finding of every enabled rule on every job, as of ``now``.
 
     A rule that raises on one job is logged and skipped: one odd job must not blind
-    the watchdog to all the others.
+    the watchdog to all the others. ``followers``, kept from tick to tick of a replay,
+    spare re-running a rule whose input has not changed (``checker.follow``).
     """
     rules = build_rules(policy) if rules is None else rules
     ctx = Context(now=now, policy=policy, jobs=jobs)
@@ -37,7 +43,8 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
         found_here: list[Finding] = []
         for rule in rules:
             try:
-                found = rule.check(job, ctx)
+                found = (rule.check(job, ctx) if followers is None
+                         else followers.check(rule, job, ctx))
             except Exception:
                 log.exception("rule %s failed on job %s", rule.name, job.id)
                 continue

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from checker.follow import Followers
 from checker.model import Finding, Job, JobState, Series, Severity
 from checker.policy import Cost, Policy
 from checker.rules.base import Context, Rule, param
-from trainguard.replay import replay, tick_times
+from trainguard.replay import MAX_AUTO_TICKS, first_record, replay, tick_times
 
 
 @dataclass
@@ -130,3 +132,84 @@ def test_replay_with_the_real_rules_catches_a_nan_divergence_soon_after_onset() 
     assert crit is not None and crit.rule == "divergence"
     fire = crit.first_critical
     assert fire is not None and 1000.0 <= fire.time <= 1000.0 + 3 * 60.0
+
+
+# --- the schedule and the cost of long runs -----------------------------------------------
+
+
+def test_by_default_the_run_is_ticked_every_logging_interval_and_fires_timed_back() -> None:
+    result = replay(_run(every=10.0), Policy(), rules=[Threshold()])
+    assert result.tick == 10.0 and result.ticks == 361 and result.timed_back
+    [h] = result.histories
+    assert (h.first.time, h.escalations[0].time) == (600.0, 1000.0)
+
+
+def test_a_long_run_is_not_refused_its_ticks_are_bounded_and_fires_land_on_their_record() -> None:
+    # 50,000 records a second apart, NaN from the 41,234th: one tick per record would be
+    # 50 times MAX_AUTO_TICKS
+    job = _run(every=1.0, high_from=math.inf, nan_from=41_234.0, end=49_999.0)
+    result = replay(job, Policy(), rules=[Threshold()])
+    assert result.ticks <= MAX_AUTO_TICKS and result.tick > 1.0
+    [h] = result.histories
+    assert (h.first.time, h.first.step, h.first.severity) == (41_234.0, 41_234.0,
+                                                              Severity.CRITICAL)
+    s = result.savings
+    assert s is not None and s.stop_time == 41_234.0
+
+
+def test_a_given_tick_is_honoured_and_its_count_checked_before_any_judging() -> None:
+    followers = Followers()
+    with pytest.raises(ValueError, match=r"makes 3,600,000,001 ticks.*at most 10,000,000"):
+        replay(_run(), Policy(), 1e-6, rules=[Threshold()], followers=followers)
+    assert followers.calls == 0
+    result = replay(_run(every=1.0, end=9_999.0), Policy(), 1.0, rules=[Threshold()])
+    assert result.ticks == 10_000 and not result.timed_back  # more than MAX_AUTO_TICKS: fine
+
+
+def _recheck(job: Job, policy: Policy, tick: float) -> list[tuple[str, float, str, list[float]]]:
+    """The replay's histories the slow way: every rule run afresh at every tick."""
+    from checker.evaluate import build_rules, evaluate
+
+    rules = build_rules(policy)
+    first: dict[str, tuple[float, str, list[float]]] = {}
+    worst: dict[str, int] = {}
+    start, end = first_record(job), job.last_time()
+    assert start is not None and end is not None
+    for t in tick_times(start, end, tick).tolist():
+        for f in evaluate([job.until(t)], policy, t, rules=rules):
+            if f.key not in first:
+                first[f.key], worst[f.key] = (t, f.severity.value, []), f.severity.rank
+            elif f.severity.rank > worst[f.key]:
+                first[f.key][2].append(t)
+                worst[f.key] = f.severity.rank
+    return sorted((k, t, sev, esc) for k, (t, sev, esc) in first.items())
+
+
+def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
+        curves_dir: Path) -> None:
+    """On real runs of both corpora, with the default policy."""
+    from adapters.local import load_run
+    from trainguard.bench.labels import read_labels
+    from trainguard.policy import default_policy
+
+    runs = curves_dir.parent / "runs"
+    if not (runs / "labels.csv").exists():
+        pytest.skip(f"{runs}/labels.csv not found (the shared runs corpus)")
+    rows = read_labels(runs / "labels.csv")
+    picked = [r for r in rows if r.label in ("spiky", "diverged", "flat", "overfit")][::3]
+    picked += [r for r in read_labels(curves_dir / "labels.csv")][::60]
+    policy = default_policy()
+    compared = 0
+    for row in picked:
+        job = load_run(row.path, definitions=list(row.metrics) or None, fmt=row.format)
+        first, last = first_record(job), job.last_time()
+        if first is None or last is None or last - first > 5_000:
+            continue  # the slow way is quadratic: the shorter runs make the point
+        compared += 1
+        tick = (last - first) / 200 or 1.0
+        result = replay(job, policy, tick)
+        got = sorted((h.key, h.first.time, h.first.severity.value,
+                      [e.time for e in h.escalations]) for h in result.histories)
+        assert got == _recheck(job, policy, tick), row.run
+        assert result.rule_runs < result.rule_calls
+    assert compared >= 8

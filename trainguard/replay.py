@@ -7,14 +7,23 @@ At each tick the job is cut back to what had been recorded by then
 finding (by ``Finding.key``) first fired, when it escalated, and what stopping at
 the first critical finding would have saved.
 
-The benchmark harness calls ``replay`` on hundreds of runs, so the rules are built
-once and the run's step axis is read once; ``Job.until`` slices views, not copies.
+The interval, unless given, is the run's own logging interval (the median gap between
+its records), so a finding shows at most one logging interval after the record that
+caused it; on a run with more records than ``MAX_AUTO_TICKS`` it is widened to keep the
+ticks at that bound. A given interval is honoured up to ``MAX_TICKS`` ticks, counted
+before any judging starts.
+
+The cost stays linear in the run's length where it can honestly be: the job is cut
+with views, not copies, and each rule follows the run through a ``checker.follow``
+follower that re-runs it only when what it read has changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,14 +31,18 @@ import numpy as np
 
 from checker import cost
 from checker.evaluate import build_rules, evaluate
+from checker.follow import Followers
 from checker.model import Finding, FloatArray, Job, Severity
 from checker.policy import Policy
 from checker.rules.base import Rule
 
 TickUnit = Literal["s", "step"]
 
-#: A replay with more ticks than this is almost surely a unit mistake (ms for s).
-MAX_TICKS = 200_000
+#: A given tick making more ticks than this is almost surely a unit mistake (ms for s).
+MAX_TICKS = 10_000_000
+#: The automatic schedule never makes more ticks than this; each fire is then timed back
+#: to its record, so a long run costs this many judgements plus a few per finding.
+MAX_AUTO_TICKS = 1_000
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,9 @@ class ReplayResult:
     final: list[Finding]  # the findings at the last tick
     savings: Savings | None  # stopping at the run's first critical finding
     elapsed_ms: float  # wall time the replay took
+    rule_calls: int = 0  # rule judgements asked for (rules x ticks)
+    rule_runs: int = 0  # of those, the ones that ran the rule (the rest: input unchanged)
+    timed_back: bool = False  # fires moved back from their tick to the record that made them
 
     @property
     def first_critical(self) -> History | None:
@@ -108,15 +124,55 @@ def first_record(job: Job) -> float | None:
     return min(times) if times else None
 
 
-def tick_times(start: float, end: float, tick: float) -> FloatArray:
-    """``start``, ``start + tick``, ... up to the first tick at or past ``end``."""
+def record_times(job: Job) -> FloatArray:
+    """Every distinct time at which anything was recorded, in order."""
+    parts = [s.time for s in job.series.values()]
+    parts.append(np.fromiter((line.time for line in job.logs), np.float64, len(job.logs)))
+    t = np.concatenate(parts) if parts else np.empty(0)
+    return np.unique(t[np.isfinite(t)])
+
+
+def logging_interval(job: Job) -> float | None:
+    """The run's typical gap between records (the median), on its own clock."""
+    t = record_times(job)
+    gaps = np.diff(t)
+    return float(np.median(gaps)) if len(gaps) else None
+
+
+def auto_tick(job: Job) -> float:
+    """One logging interval, widened where that would make more than MAX_AUTO_TICKS."""
+    t = record_times(job)
+    span = float(t[-1] - t[0]) if len(t) > 1 else 0.0
+    interval = logging_interval(job) or 1.0
+    return max(interval, span / (MAX_AUTO_TICKS - 1)) if span > 0 else 1.0
+
+
+def tick_count(start: float, end: float, tick: float) -> int:
     if not (tick > 0 and math.isfinite(tick)):
         raise ValueError(f"tick must be a positive number, not {tick}")
-    n = max(math.ceil((end - start) / tick - 1e-9), 0) + 1
-    if n > MAX_TICKS:
-        raise ValueError(f"tick {tick:g} makes {n} ticks over a run of {end - start:g}; "
-                         f"use a larger --tick (at most {MAX_TICKS} ticks)")
-    return start + tick * np.arange(n, dtype=np.float64)
+    return max(math.ceil((end - start) / tick - 1e-9), 0) + 1
+
+
+def check_ticks(job: Job, tick: float | None) -> float:
+    """The tick to replay ``job`` at (``None``: automatic), refused before any work when a
+    given tick makes more than MAX_TICKS ticks."""
+    if tick is None:
+        return auto_tick(job)
+    start, end = first_record(job), job.last_time()
+    if start is not None and end is not None:
+        n = tick_count(start, end, tick)
+        if n > MAX_TICKS:
+            raise ValueError(f"tick {tick:g} makes {n:,} ticks over a run of {end - start:g}; "
+                             f"at most {MAX_TICKS:,}: use a larger --tick, or none for one "
+                             "logging interval")
+    elif not (tick > 0 and math.isfinite(tick)):
+        raise ValueError(f"tick must be a positive number, not {tick}")
+    return tick
+
+
+def tick_times(start: float, end: float, tick: float) -> FloatArray:
+    """``start``, ``start + tick``, ... up to the first tick at or past ``end``."""
+    return start + tick * np.arange(tick_count(start, end, tick), dtype=np.float64)
 
 
 def savings(job: Job, policy: Policy, stop: Fire, end_time: float,
@@ -134,11 +190,77 @@ def savings(job: Job, policy: Policy, stop: Fire, end_time: float,
     )
 
 
-def replay(job: Job, policy: Policy, tick: float,
-           rules: list[Rule] | None = None) -> ReplayResult:
-    """Judge ``job`` at every tick of ``tick`` (seconds, or steps on a step clock)."""
+class Cuts:
+    """``job`` as recorded up to a time (``Job.until``), its log lines cut by bisection
+    when they are in time order, so a cut costs no more than the series' own cuts."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        t = np.fromiter((line.time for line in job.logs), np.float64, len(job.logs))
+        self.log_times = t if len(t) and bool(np.all(np.diff(t) >= 0)) else None
+
+    def __call__(self, t: float) -> Job:
+        if self.log_times is None:
+            return self.job.until(t)
+        n = int(np.searchsorted(self.log_times, t, side="right"))
+        cut = dataclasses.replace(self.job, logs=[])
+        return dataclasses.replace(cut.until(t), logs=self.job.logs[:n])
+
+
+def first_finding(cut: Job, policy: Policy, rule: Rule, t: float,
+                  holds: Callable[[Finding], bool]) -> Finding | None:
+    """The first finding of ``rule`` on ``cut`` at ``t`` for which ``holds`` is true."""
+    for f in evaluate([cut], policy, t, rules=[rule]):
+        if holds(f):
+            return f
+    return None
+
+
+def refine(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], bool],
+           lo: float, hi: float, records: FloatArray,
+           resolution: float | None) -> tuple[float, Finding | None]:
+    """The earliest moment in (lo, hi] at which ``rule`` says something that ``holds``,
+    given it does at ``hi`` and did not at ``lo``: the record that made it, by bisection
+    over the records in between; then, where only time passed since that record (a
+    silence), by halving the gap down to ``resolution`` (None: records only)."""
+    def found_at(t: float) -> Finding | None:
+        return first_finding(cuts(t), policy, rule, t, holds)
+
+    cands = records[(records > lo) & (records < hi)]
+    a, b = 0, len(cands)  # it holds at cands[b] (or at hi when b == len)
+    while a < b:
+        m = (a + b) // 2
+        if found_at(float(cands[m])) is not None:
+            b = m
+        else:
+            a = m + 1
+    t_hi = float(cands[a]) if a < len(cands) else hi
+    t_lo = float(cands[a - 1]) if a > 0 else lo
+    while resolution is not None and t_hi - t_lo > resolution:
+        mid = (t_lo + t_hi) / 2
+        if found_at(mid) is not None:
+            t_hi = mid
+        else:
+            t_lo = mid
+    return t_hi, found_at(t_hi)
+
+
+def replay(job: Job, policy: Policy, tick: float | None = None,
+           rules: list[Rule] | None = None, followers: Followers | None = None,
+           resolution: float = 1.0) -> ReplayResult:
+    """Judge ``job`` at every tick of ``tick`` (seconds, or steps on a step clock).
+
+    With ``tick`` None the ticks fall every logging interval, no more than
+    MAX_AUTO_TICKS of them, and each first fire and escalation is timed back to the
+    record that caused it (``refine``; on a time axis, to ``resolution`` seconds within
+    a silence), so it is reported at most one logging interval late. With a given tick
+    the fires are reported at the ticks, as a live watchdog at that cadence saw them.
+    ``followers`` may be passed in to judge the same job again later."""
     began = _time.perf_counter()
     rules = build_rules(policy) if rules is None else rules
+    timed_back = tick is None
+    tick = check_ticks(job, tick)
+    followers = Followers() if followers is None else followers
     start = first_record(job)
     end = job.last_time()
     unit: TickUnit = "step" if job.clock == "step" else "s"
@@ -150,14 +272,12 @@ def replay(job: Job, policy: Policy, tick: float,
     def step_at(t: float) -> float | None:
         return prog.at(t) if prog is not None else None
 
+    cuts = Cuts(job)
     histories: dict[str, History] = {}
     final: list[Finding] = []
     times = tick_times(start, end, tick)
-    # the last tick judges the run as of its last record, as ``check`` does: later, the
-    # silence after a finished run would read as a stall
-    times[-1] = min(times[-1], end)
     for t in times.tolist():
-        final = evaluate([job.until(t)], policy, t, rules=rules)
+        final = evaluate([cuts(t)], policy, t, rules=rules, followers=followers)
         for f in final:
             fire = Fire(t, step_at(t), f.severity)
             h = histories.get(f.key)
@@ -167,6 +287,9 @@ def replay(job: Job, policy: Policy, tick: float,
             if f.severity.rank > h.worst.rank:
                 h.escalations.append(fire)
             h.last_seen, h.finding = fire, f
+    if timed_back:
+        _time_back(cuts, policy, rules, list(histories.values()), tick, step_at,
+                   None if job.clock == "step" else resolution)
 
     end_time = job.end_time if job.end_time is not None else end
     end_step = step_at(math.inf)
@@ -179,5 +302,31 @@ def replay(job: Job, policy: Policy, tick: float,
                           ordered, final, None, 0.0)
     first = result.first_critical
     result.savings = first.savings if first is not None else None
+    result.rule_calls, result.rule_runs = followers.calls, followers.runs
+    result.timed_back = timed_back
     result.elapsed_ms = (_time.perf_counter() - began) * 1e3
     return result
+
+
+def _time_back(cuts: Cuts, policy: Policy, rules: list[Rule], histories: list[History],
+               tick: float, step_at: Callable[[float], float | None],
+               resolution: float | None) -> None:
+    """Each history's first fire and escalations moved back from their tick to the
+    record (or, in a silence, the moment) at which the finding first held."""
+    by_name = {r.name: r for r in rules}
+    records = record_times(cuts.job)
+    for h in histories:
+        rule = by_name.get(h.rule)
+        if rule is None:
+            continue
+        moved: list[Fire] = []
+        for fire in (h.first, *h.escalations):
+            rank = fire.severity.rank
+
+            def holds(f: Finding, key: str = h.key, rank: int = rank) -> bool:
+                return f.key == key and f.severity.rank >= rank
+
+            lo = max(fire.time - tick, moved[-1].time if moved else -math.inf)
+            t, found = refine(cuts, policy, rule, holds, lo, fire.time, records, resolution)
+            moved.append(Fire(t, step_at(t), found.severity if found else fire.severity))
+        h.first, h.escalations = moved[0], moved[1:]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from checker.model import Finding, Job, JobState
 from checker.policy import Policy
+
+if TYPE_CHECKING:
+    from checker.follow import Follower
 
 
 def param(default: Any, doc: str) -> Any:
@@ -51,6 +54,14 @@ class Rule(ABC):
     @abstractmethod
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         """The findings of this rule for one job at ``ctx.now``."""
+
+    def follow(self) -> Follower:
+        """What judges one job tick after tick (a replay): by default the rule itself,
+        re-run only when what it read has changed (``checker.follow``). A rule may return
+        a ``Follower`` subclass that keeps incremental state instead."""
+        from checker.follow import Follower
+
+        return Follower(self)
 
     @classmethod
     def describe(cls) -> list[tuple[str, Any, str]]:

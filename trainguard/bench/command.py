@@ -22,6 +22,7 @@ from checker.policy import Policy
 from trainguard.bench import harness
 from trainguard.bench.labels import Labelled, LabelsError, read_labels
 from trainguard.bench.tables import dumps, print_tables
+from trainguard.replay import MAX_AUTO_TICKS
 
 
 class BenchFormat(enum.StrEnum):
@@ -67,9 +68,14 @@ def bench(
         "--by", help="label: rows per label over all runs; family: the same, then per "
                      "family (the labels file's family column).")] = BenchView.label,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Processes to use.")] = 1,
-    tick: Annotated[float, typer.Option(
+    tick: Annotated[float | None, typer.Option(
         "--tick", min=0.001, help="Seconds between replay ticks on runs with a time axis "
-                                  "(runs with only steps are ticked at every step).")] = 60.0,
+                                  "(default: each run's logging interval, at most "
+                                  f"{MAX_AUTO_TICKS:,} ticks; detections are timed back "
+                                  "to their record either way).")] = None,
+    step_tick: Annotated[float | None, typer.Option(
+        "--step-tick", min=0.001, help="Steps between ticks on runs with only steps "
+                                       "(default: as --tick).")] = None,
     price: Annotated[float | None, typer.Option(
         "--price", metavar="USD_PER_HOUR", min=0.0,
         help="Hourly cost of one run (default: the price book's Azure "
@@ -86,7 +92,7 @@ def bench(
         rows = read_labels(labels)
     except LabelsError as e:
         _fail(str(e))
-    settings = harness.Settings(tick=tick, inject=inject, seed=seed,
+    settings = harness.Settings(tick=tick, step_tick=step_tick, inject=inject, seed=seed,
                                 by_family=by is BenchView.family,
                                 price=harness.pricing(price))
     err = Console(stderr=True)

@@ -6,11 +6,12 @@ run with a time axis) is one *case*. On each case trainguard is replayed tick by
 it would first have fired. Then, per detector and per label: runs flagged, recall,
 false alarms, detection delay and what stopping at detection would have saved.
 
-How a detection is timed. The replay finds the first tick at which a finding fires;
-between that tick and the one before, the rule is asked again at each record (and,
-on a time axis, by bisection down to ``resolution_s`` where only time passed, as in a
-stall), so the delay is the rule's own, at record resolution like the anchors'. A
-live watchdog adds up to one tick to it.
+How a detection is timed. The replay ticks every logging interval of the run (at most
+``trainguard.replay.MAX_AUTO_TICKS`` ticks; ``--tick`` sets the interval) and finds the
+first tick at which a finding fires; between that tick and the one before, the rule is
+asked again at each record (and, on a time axis, by bisection down to ``resolution_s``
+where only time passed, as in a stall), so the delay is the rule's own, at record
+resolution like the anchors'. A live watchdog adds up to one of its own ticks to it.
 
 Which trainguard finding detects which label (``JUDGES``): ``diverged`` <- a
 ``divergence`` finding at critical; ``flat`` <- ``plateau`` at warning or above;
@@ -44,15 +45,16 @@ import numpy as np
 
 from checker import cost
 from checker.evaluate import build_rules, evaluate
+from checker.follow import Followers
 from checker.metrics import loss_like, primary
-from checker.model import Clock, Finding, FloatArray, Job, JobState, Series, Severity
+from checker.model import Clock, Finding, Job, JobState, Series, Severity
 from checker.policy import Policy
 from checker.prices import lookup
 from checker.rules.base import Rule
 from trainguard.bench.anchors import ANCHORS, Anchor, KatibMedianStop, RuleKind
 from trainguard.bench.inject import INJECTORS, Injected, inject
 from trainguard.bench.labels import LABELS, NEGATIVE, Labelled
-from trainguard.replay import replay
+from trainguard.replay import Cuts, check_ticks, record_times, refine, replay
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ MAX_RUNTIME_S = 86_400.0
 DEFAULT_INSTANCE = "Standard_ND96isr_H100_v5"
 #: The issue's bar for a stall: found within 3 x the run's p99 update interval, or 10 min.
 STALL_BOUND_FACTOR, STALL_BOUND_MIN_S = 3.0, 600.0
+#: Ticks past a stalled job's last record, up to the bound: the stall is then timed back.
+HORIZON_TICKS = 200
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,8 @@ def pricing(usd_per_hour: float | None = None) -> Pricing:
 
 @dataclass(frozen=True)
 class Settings:
-    tick: float = 60.0  # seconds between replay ticks on a time axis
-    step_tick: float = 1.0  # steps between ticks on a run with no time axis
+    tick: float | None = None  # seconds between replay ticks on a time axis; None: auto
+    step_tick: float | None = None  # steps between ticks on a run with no time axis
     inject: bool = False
     seed: int = 0
     by_family: bool = False  # every table row per family as well as over all runs
@@ -231,12 +235,6 @@ def _first_nonfinite(job: Job) -> tuple[float | None, float | None]:
     return first if first is not None else (None, None)
 
 
-def _record_times(job: Job) -> FloatArray:
-    parts = [s.time for s in job.series.values()] + [np.array([x.time for x in job.logs])]
-    t = np.concatenate(parts)
-    return np.unique(t[np.isfinite(t)])
-
-
 class _Judge:
     """Times trainguard's detections on one job: replay, then refine between ticks."""
 
@@ -244,70 +242,58 @@ class _Judge:
         self.job, self.policy, self.rules, self.settings = job, policy, rules, settings
         self.by_name = {r.name: r for r in rules}
         self.timed = job.clock != "step"
-        self.tick = settings.tick if self.timed else settings.step_tick
+        self.tick = check_ticks(job, settings.tick if self.timed else settings.step_tick)
         self.progress = _Progress(job)
-        self.records = _record_times(job)
+        self.records = record_times(job)
+        self.cuts = Cuts(job)
+        self.followers = Followers()
 
-    def _found(self, kind: str, level: Severity, t: float) -> Finding | None:
-        rule = self.by_name.get(kind)
-        if rule is None:
-            return None
-        for f in evaluate([self.job.until(t)], self.policy, t, rules=[rule]):
-            if f.rule == kind and f.severity.rank >= level.rank:
-                return f
-        return None
+    def _refine(self, kind: str, level: Severity, lo: float,
+                hi: float) -> tuple[float, Finding | None]:
+        """The earliest moment in (lo, hi] at which the finding fires, given it does at
+        ``hi`` and did not at ``lo``, the tick before."""
+        rule = self.by_name[kind]
 
-    def _refine(self, kind: str, level: Severity, hi: float) -> tuple[float, Finding | None]:
-        """The earliest moment in (hi - tick, hi] at which the finding fires, given it does
-        at ``hi`` and did not at the tick before."""
-        lo = hi - self.tick
-        cands = self.records[(self.records > lo) & (self.records < hi)]
-        a, b = 0, len(cands)  # it fires at cands[b] (or at hi when b == len)
-        while a < b:
-            m = (a + b) // 2
-            if self._found(kind, level, float(cands[m])) is not None:
-                b = m
-            else:
-                a = m + 1
-        t_hi = float(cands[a]) if a < len(cands) else hi
-        t_lo = float(cands[a - 1]) if a > 0 else lo
-        # between t_lo and t_hi nothing was recorded: only time passed (a silence)
-        while self.timed and t_hi - t_lo > self.settings.resolution_s:
-            mid = (t_lo + t_hi) / 2
-            if self._found(kind, level, mid) is not None:
-                t_hi = mid
-            else:
-                t_lo = mid
-        return t_hi, self._found(kind, level, t_hi)
+        def holds(f: Finding) -> bool:
+            return f.rule == kind and f.severity.rank >= level.rank
+
+        return refine(self.cuts, self.policy, rule, holds, lo, hi, self.records,
+                      self.settings.resolution_s if self.timed else None)
 
     def detections(self, horizon: float | None) -> dict[str, dict[str, Detection | None]]:
         """Per judged rule, the first warning-or-worse and the first critical finding;
         ticked on past the last record up to ``horizon`` (a stalled job) when given."""
-        result = replay(self.job, self.policy, self.tick, self.rules)
-        first: dict[tuple[str, Severity], float] = {}
+        result = replay(self.job, self.policy, self.tick, self.rules, self.followers)
+        first: dict[tuple[str, Severity], tuple[float, float]] = {}  # (tick, the one before)
         for h in result.histories:
             for fire in (h.first, *h.escalations):
                 for level in (Severity.WARNING, Severity.CRITICAL):
                     if fire.severity.rank >= level.rank:
                         key = (h.rule, level)
-                        first[key] = min(first.get(key, math.inf), fire.time)
+                        if fire.time < first.get(key, (math.inf, 0.0))[0]:
+                            first[key] = (fire.time, fire.time - self.tick)
         if horizon is not None and result.ticks:
-            k = result.ticks
-            while (t := result.start + k * self.tick) <= horizon + 1e-9:
-                for f in evaluate([self.job.until(t)], self.policy, t, rules=self.rules):
+            # past the last record only time passes: a few hundred ticks find the stall,
+            # and refining times it to the resolution
+            last = result.start + (result.ticks - 1) * self.tick
+            step = max(self.tick, (horizon - last) / HORIZON_TICKS)
+            k, before = 1, last
+            while (t := last + k * step) <= horizon + step:
+                for f in evaluate([self.cuts(t)], self.policy, t, rules=self.rules,
+                                  followers=self.followers):
                     for level in (Severity.WARNING, Severity.CRITICAL):
                         if f.severity.rank >= level.rank:
-                            first.setdefault((f.rule, level), t)
-                k += 1
+                            first.setdefault((f.rule, level), (t, before))
+                k, before = k + 1, t
         out: dict[str, dict[str, Detection | None]] = {}
         for kind in JUDGES:
             out[kind] = {}
             for level in (Severity.WARNING, Severity.CRITICAL):
-                tick = first.get((kind, level))
-                if tick is None:
+                fired = first.get((kind, level))
+                if fired is None:
                     out[kind][level.value] = None
                     continue
-                t, seen = self._refine(kind, level, tick)
+                t, seen = self._refine(kind, level, fired[1], fired[0])
                 out[kind][level.value] = Detection(
                     step=self.progress.step_at(t) if self.timed else t,
                     time=t if self.timed else None,

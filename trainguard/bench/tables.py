@@ -17,6 +17,7 @@ from rich.table import Table
 
 from trainguard.bench.harness import ALL, JUDGES, Bench, HeadToHead, Row, as_dict, tg_kind
 from trainguard.bench.labels import NEGATIVE
+from trainguard.replay import MAX_AUTO_TICKS
 
 
 def _n(x: float | None, digits: int = 3) -> str:
@@ -43,14 +44,20 @@ def _count(n: int, of: int) -> str:
     return f"{n}/{of} ({100 * n / of:.0f}%)" if of else "—"
 
 
+def _tick(tick: float | None, unit: str) -> str:
+    return f"every {tick:g} {unit}" if tick is not None else (
+        f"every logging interval (at most {MAX_AUTO_TICKS:,} per run)")
+
+
 def header(bench: Bench) -> list[str]:
     s = bench.settings
     injected = sum(1 for c in bench.cases if c.injected)
     lines = [
         f"trainguard bench: {bench.labels}: {bench.runs} runs, {len(bench.cases)} cases"
         + (f" ({injected} injected, seed {s.seed})" if s.inject else "")
-        + f"; policy {bench.policy}; replay tick {s.tick:g} s (every {s.step_tick:g} step on "
-          "runs without a time axis), detections timed to the record between ticks",
+        + f"; policy {bench.policy}; replay ticks {_tick(s.tick, 's')} "
+          f"({_tick(s.step_tick, 'steps')} on runs without a time axis), detections timed "
+          "to the record between ticks",
         f"price: ${s.price.usd_per_hour:,.2f}/h for {s.price.gpus} GPUs per run ({s.price.source})",
         f"savings: diverged and flat runs from detection to their last record; stalled runs "
         f"from detection to the job's max runtime, assumed SageMaker's default "

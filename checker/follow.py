@@ -1,0 +1,190 @@
+"""Judging one job tick after tick (a replay, a backtest) without judging it afresh each time.
+
+A rule is a pure function of what it reads: the job's series, its log lines, its state,
+and the tick's ``now``. A *follower* remembers what its rule read at the last tick it
+judged and what it concluded; at the next tick, when none of that has changed (the same
+series with the same number of records, the same log lines, the same state, and the same
+``now`` if the rule read the clock), the conclusion is the same and the rule is not run.
+
+That is exact for any rule: the follower watches what the rule *did* read, not what it
+is assumed to read. It saves the work where it can be saved honestly: a plateau rule
+watching ``val_loss`` is not re-run at the 99 ticks between two evaluations, and a
+rule that only reads the step clock is not re-run where no step was logged. A rule whose
+own input changes at every tick is run at every tick; such a rule can keep incremental
+state of its own by returning a ``Follower`` subclass from ``Rule.follow``.
+
+Followers judge cuts of one job (``Job.until``): the records of one run seen up to
+different times, so a series' record count says which records a cut holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from checker.model import Finding, Job, LogLine, Series
+from checker.rules.base import Context
+
+if TYPE_CHECKING:
+    from checker.rules.base import Rule
+
+#: Read marks for what is not a series.
+_ALL, _LOGS, _NOW, _JOBS = "\0all", "\0logs", "\0now", "\0jobs"
+
+
+class _Reads:
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+
+class _SeenSeries(dict[str, Series]):
+    """``job.series`` that notes which series a rule looked at (any iteration: all)."""
+
+    def __init__(self, data: dict[str, Series], reads: _Reads) -> None:
+        super().__init__(data)
+        self._reads = reads
+
+    def __getitem__(self, key: str) -> Series:
+        self._reads.names.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self._reads.names.add(key)
+        return super().get(key, default)
+
+    def _all(self) -> None:
+        self._reads.names.add(_ALL)
+
+    def __iter__(self) -> Iterator[str]:
+        self._all()
+        return super().__iter__()
+
+    def items(self) -> Any:
+        self._all()
+        return super().items()
+
+    def values(self) -> Any:
+        self._all()
+        return super().values()
+
+    def keys(self) -> Any:
+        self._all()
+        return super().keys()
+
+    def copy(self) -> dict[str, Series]:
+        self._all()
+        return dict(super().items())
+
+    def __or__(self, other: Any) -> Any:
+        self._all()
+        return dict(super().items()) | other
+
+
+class _SeenLogs(list[LogLine]):
+    """``job.logs`` that notes being looked at."""
+
+    def __init__(self, data: list[LogLine], reads: _Reads) -> None:
+        super().__init__(data)
+        self._reads = reads
+
+    def __iter__(self) -> Iterator[LogLine]:
+        self._reads.names.add(_LOGS)
+        return super().__iter__()
+
+    def __getitem__(self, i: Any) -> Any:
+        self._reads.names.add(_LOGS)
+        return super().__getitem__(i)
+
+    def __len__(self) -> int:
+        self._reads.names.add(_LOGS)
+        return super().__len__()
+
+
+class _SeenContext(Context):
+    """The tick's context, noting whether the rule read the clock or looked past its job."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "now":
+            object.__getattribute__(self, "_reads").names.add(_NOW)
+        elif name in ("jobs", "memo"):  # other jobs, or other rules' work: never reused
+            object.__getattribute__(self, "_reads").names.add(_JOBS)
+        return object.__getattribute__(self, name)
+
+
+def _seen_context(ctx: Context, reads: _Reads) -> Context:
+    seen = _SeenContext(now=ctx.now, policy=ctx.policy, jobs=ctx.jobs, memo=ctx.memo)
+    object.__setattr__(seen, "_reads", reads)
+    return seen
+
+
+Key = tuple[Any, ...]
+
+
+def _key(names: set[str], job: Job, now: float) -> Key | None:
+    """What the rule read, as it stands in ``job`` at ``now``; None: never reuse."""
+    if _JOBS in names:
+        return None
+    series = sorted(job.series) if _ALL in names else sorted(names - {_LOGS, _NOW})
+    return (
+        job.state, job.end_time, job.restarts, len(job.restart_times),
+        tuple((k, len(job.series[k]) if k in job.series else -1) for k in series),
+        len(job.logs) if _LOGS in names else None,
+        now if _NOW in names else None,
+    )
+
+
+def _fresh(found: list[Finding]) -> list[Finding]:
+    """Copies the caller may change (evaluate sets actions and money on them)."""
+    return [dataclasses.replace(f, evidence=dict(f.evidence)) for f in found]
+
+
+class Follower:
+    """One rule following one job across ticks: ``check`` answers exactly as
+    ``rule.check`` would, re-running the rule only when what it read has changed."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.names: set[str] | None = None  # what the rule read the last time it ran
+        self.key: Key | None = None
+        self.found: list[Finding] = []
+        self.runs = 0  # times the rule was run (the rest were reused)
+        self.calls = 0
+
+    def check(self, job: Job, ctx: Context) -> list[Finding]:
+        self.calls += 1
+        if self.names is not None and self.key is not None \
+                and _key(self.names, job, ctx.now) == self.key:
+            return _fresh(self.found)
+        reads = _Reads()
+        seen = dataclasses.replace(job, series=_SeenSeries(job.series, reads),
+                                   logs=_SeenLogs(job.logs, reads))
+        found = self.rule.check(seen, _seen_context(ctx, reads))
+        self.runs += 1
+        self.names = reads.names
+        self.key = _key(reads.names, job, ctx.now)
+        self.found = _fresh(found)
+        return found
+
+
+class Followers:
+    """A follower per (job, rule), made on first use: pass one to ``evaluate`` for every
+    tick of a replay."""
+
+    def __init__(self) -> None:
+        self.by: dict[tuple[str, str], Follower] = {}
+
+    def check(self, rule: Rule, job: Job, ctx: Context) -> list[Finding]:
+        key = (job.id, rule.name)
+        follower = self.by.get(key)
+        if follower is None:
+            follower = self.by[key] = rule.follow()
+        return follower.check(job, ctx)
+
+    @property
+    def runs(self) -> int:
+        return sum(f.runs for f in self.by.values())
+
+    @property
+    def calls(self) -> int:
+        return sum(f.calls for f in self.by.values())

@@ -1,0 +1,141 @@
+"""``checker.follow``: a rule judging one job tick after tick is re-run only when what it
+read has changed, and otherwise answers exactly as re-running it would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from checker.evaluate import evaluate
+from checker.follow import Followers
+from checker.model import Finding, Job, JobState, LogLine, Series, Severity
+from checker.policy import Policy
+from checker.rules.base import Context, Rule
+
+
+@dataclass
+class _NoParams:
+    pass
+
+
+class _Counting(Rule):
+    """A rule that counts its own runs and reports what it saw."""
+
+    Params = _NoParams
+    name: ClassVar[str] = "counting"
+    runs = 0
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        type(self).runs += 1
+        return [Finding(job.id, self.name, Severity.WARNING, self.seen(job, ctx),
+                        started_at=0.0, evidence={"kind": "seen"})]
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        raise NotImplementedError
+
+
+class ValOnly(_Counting):
+    name = "val_only"
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        s = job.series.get("val_loss")
+        return f"{len(s) if s is not None else 0} val points"
+
+
+class Clock(_Counting):
+    name = "clock"
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        return f"now {ctx.now:g}"
+
+
+class Every(_Counting):
+    name = "every"
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        return f"{sum(len(s) for s in job.series.values())} points"
+
+
+class Logs(_Counting):
+    name = "logs"
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        return f"{len(job.logs)} lines"
+
+
+def _job() -> Job:
+    """300 s of training: a loss every second, a val_loss every 100 s, a log line every 50 s."""
+    t = np.arange(300.0)
+    v = np.arange(0.0, 300.0, 100.0)
+    return Job(id="run", clock="elapsed", state=JobState.SUCCEEDED, start_time=0.0,
+               end_time=299.0, hourly_price=36.0,
+               series={"loss": Series("loss", t, t, 1 / (1 + t)),
+                       "val_loss": Series("val_loss", v, v, 1 / (1 + v))},
+               logs=[LogLine(float(x), f"line {x}") for x in range(0, 300, 50)])
+
+
+def _tick_by_tick(rules: list[Rule], followers: Followers | None) -> list[list[tuple[str, str]]]:
+    job, policy = _job(), Policy()
+    out = []
+    for t in range(300):
+        found = evaluate([job.until(float(t))], policy, float(t), rules=rules,
+                         followers=followers)
+        out.append([(f.rule, f.message) for f in found])
+    return out
+
+
+@pytest.mark.parametrize(("rule", "runs"), [
+    # one run per new val_loss record, and one at the last tick, where the job's end shows
+    (ValOnly, 3 + 1),
+    (Logs, 6 + 1),  # one per new log line, and the last tick
+    (Clock, 300),  # the clock moves at every tick
+    (Every, 300),  # a new loss record at every tick
+])
+def test_a_rule_runs_only_when_what_it_read_changed(rule: type[_Counting], runs: int) -> None:
+    rule.runs = 0
+    followers = Followers()
+    followed = _tick_by_tick([rule()], followers)
+    assert rule.runs == runs and followers.runs == runs and followers.calls == 300
+    rule.runs = 0
+    assert followed == _tick_by_tick([rule()], None)  # the same answers as running it each time
+    assert rule.runs == 300
+
+
+def test_reused_findings_are_priced_afresh_at_each_tick() -> None:
+    """evaluate sets money on the findings it returns: a reused finding is a copy, so the
+    money spent since its onset keeps growing with the clock."""
+    job, policy = _job(), Policy()
+    followers = Followers()
+    spent = []
+    for t in (150.0, 199.0):  # no new val_loss between the two ticks: the rule is not re-run
+        [f] = evaluate([job.until(t)], policy, t, rules=[ValOnly()], followers=followers)
+        spent.append(f.burnt_usd)
+    assert followers.runs == 1
+    assert spent[0] == pytest.approx(36 * 150 / 3600) and spent[1] == pytest.approx(36 * 199 / 3600)
+
+
+def test_a_rule_looking_at_other_jobs_is_always_re_run() -> None:
+    class Peers(_Counting):
+        name = "peers"
+
+        def seen(self, job: Job, ctx: Context) -> str:
+            return f"{len(ctx.jobs)} jobs"
+
+    Peers.runs = 0
+    _tick_by_tick([Peers()], Followers())
+    assert Peers.runs == 300
+
+
+def test_a_change_of_state_re_runs_the_rule() -> None:
+    """A job that stopped running: the rule is asked again (and, as most rules judge
+    running jobs only, says nothing)."""
+    ValOnly.runs = 0
+    job, policy, followers = _job(), Policy(), Followers()
+    running = job.until(250.0)
+    assert evaluate([running], policy, 250.0, rules=[ValOnly()], followers=followers)
+    stopped = Job(**{**running.__dict__, "state": JobState.STOPPED})
+    assert evaluate([stopped], policy, 250.0, rules=[ValOnly()], followers=followers) == []
+    assert followers.calls == 2 and followers.runs == 2
