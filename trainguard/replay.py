@@ -276,6 +276,9 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     histories: dict[str, History] = {}
     final: list[Finding] = []
     times = tick_times(start, end, tick)
+    # the last tick judges the run as of its last record, as ``check`` does: later, the
+    # silence after a finished run would read as a stall
+    times[-1] = min(times[-1], end)
     for t in times.tolist():
         final = evaluate([cuts(t)], policy, t, rules=rules, followers=followers)
         for f in final:
