@@ -170,3 +170,39 @@ def test_a_regex_may_hold_a_semicolon_of_its_own(tmp_path: Path) -> None:
     [row] = read_labels(tmp_path / "labels.csv")
     assert [(d.name, d.regex) for d in row.metrics] == [
         ("step", r"it (\d+);"), ("loss", r"; loss ([0-9.]+)")]
+
+
+def test_a_labelled_onset_is_what_the_divergence_delay_is_counted_from(tmp_path: Path) -> None:
+    """The loss leaves its curve at step 100 (the label's onset) and turns NaN at 150: a
+    detection at the NaN is 50 steps late, not on time."""
+    values = [v if i < 100 else (40.0 if i < 150 else math.nan)
+              for i, v in enumerate(_falling(200))]
+    _csv(tmp_path / "late.csv", values)
+    (tmp_path / "labels.csv").write_text(HEADER + "late.csv,csv,diverged,,100,loss,\n")
+    data = _json(tmp_path / "labels.csv")
+    [check] = [c for c in data["bar"] if c["what"].startswith("... within one logging")]
+    crit = _detail(data, "late.csv")["trainguard"]["divergence"]["critical"]
+    assert crit is not None
+    assert check["passed"] is (crit["step"] <= 101) and "labelled" in check["what"]
+    if not check["passed"]:
+        assert check["detail"] == ["late.csv"]
+
+
+def test_katib_peers_are_runs_of_the_same_repository(tmp_path: Path) -> None:
+    """Katib's median stop compares a trial with the other trials of its experiment: runs of
+    unrelated projects that share a folder are not that."""
+    header = "run,source,label,target_metric\n"
+    worse = [9.0, 9.0, 9.0, 9.0, 9.0]
+    for name, values in (("a", _falling(5)), ("b", _falling(5)), ("c", _falling(5)),
+                         ("d", worse)):
+        _csv(tmp_path / "runs" / f"{name}.csv", values)
+
+    def katib(sources: list[str]) -> Any:
+        rows = "".join(f"runs/{n}.csv,{src},healthy,loss\n"
+                       for n, src in zip("abcd", sources, strict=True))
+        (tmp_path / "labels.csv").write_text(header + rows)
+        return _detail(_json(tmp_path / "labels.csv"), "runs/d.csv")["anchors"][
+            "katib_median_stop"]
+
+    assert katib(["me/exp@1:a", "me/exp@1:b", "me/exp@1:c", "me/exp@1:d"]) is not None
+    assert katib(["x/one@1:a", "y/two@1:b", "z/three@1:c", "me/exp@1:d"]) is None

@@ -23,6 +23,7 @@ from trainguard.bench import harness
 from trainguard.bench.labels import Labelled, LabelsError, read_labels
 from trainguard.bench.tables import dumps, print_tables
 from trainguard.replay import MAX_AUTO_TICKS
+from trainguard.report import fit_output
 
 
 class BenchFormat(enum.StrEnum):
@@ -113,7 +114,7 @@ def bench(
     if format is BenchFormat.json:
         typer.echo(dumps(result))
     else:
-        print_tables(Console(highlight=False, soft_wrap=False), result)
+        print_tables(fit_output(Console(highlight=False, soft_wrap=False)), result)
 
 
 def _plots(folder: Path, rows: list[Labelled], cases: list[harness.Case],

@@ -155,6 +155,7 @@ class Case:
     onset_time: float | None
     first_nonfinite_step: float | None = None
     log_interval_steps: float | None = None  # of the loss that first went non-finite
+    onset_interval_steps: float | None = None  # of the labelled metric, with a labelled onset
     stall_bound_s: float | None = None
     trainguard: dict[str, dict[str, Detection | None]] = field(default_factory=dict)
     anchors: dict[str, Detection | None] = field(default_factory=dict)
@@ -220,6 +221,12 @@ class _Progress:
         return float(np.quantile(gaps, 0.99)) if len(gaps) else None
 
 
+def _interval(s: Series) -> float:
+    """A series' logging interval in steps: the median gap between its logged steps."""
+    steps = np.unique(s.step[np.isfinite(s.step)])
+    return float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+
+
 def _first_nonfinite(job: Job) -> tuple[float | None, float | None]:
     """The first step where a loss is NaN or inf, and that loss's logging interval in steps."""
     first: tuple[float, float] | None = None
@@ -228,8 +235,7 @@ def _first_nonfinite(job: Job) -> tuple[float | None, float | None]:
         if not len(bad):
             continue
         step = float(s.step[bad[0]])
-        steps = np.unique(s.step[np.isfinite(s.step)])
-        interval = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+        interval = _interval(s)
         if first is None or step < first[0]:
             first = (step, interval)
     return first if first is not None else (None, None)
@@ -354,6 +360,10 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
         note=fault.note if fault else "",
     )
     case.first_nonfinite_step, case.log_interval_steps = _first_nonfinite(job)
+    if fault is None and row.onset_step is not None and metric in job.series:
+        # the label says where the failure begins: the delay is counted from there, in
+        # the logging interval of the metric the label is about
+        case.onset_interval_steps = _interval(job.series[metric])
     horizon = None
     if label == "stalled" and judge.timed and onset_time is not None:
         p99 = prog.p99_interval()
@@ -668,6 +678,15 @@ def _ids(cases: Iterable[Case]) -> list[str]:
     return [c.id for c in cases]
 
 
+def _divergence_onset(c: Case) -> tuple[float | None, float]:
+    """Where a diverged case's divergence begins, in steps, and the logging interval a
+    detection may lag it by: the labelled onset in its metric's interval, else the first
+    non-finite value in its loss's interval."""
+    if c.injected is None and c.onset_step is not None and c.onset_interval_steps is not None:
+        return c.onset_step, c.onset_interval_steps
+    return c.first_nonfinite_step, c.log_interval_steps or 0.0
+
+
 def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
     """The issue's bar, where the cases allow judging it."""
     out: list[Check] = []
@@ -696,10 +715,11 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         late = []
         for c in judged:
             d = tg(c, "divergence", "critical")
-            if (d is None or d.step is None or c.first_nonfinite_step is None
-                    or d.step - c.first_nonfinite_step > (c.log_interval_steps or 0) + 1e-9):
+            onset, interval = _divergence_onset(c)
+            if d is None or d.step is None or onset is None or d.step - onset > interval + 1e-9:
                 late.append(c)
-        out.append(Check("... within one logging interval of the first non-finite value",
+        out.append(Check("... within one logging interval of its onset (labelled, else the "
+                         "first non-finite value)",
                          f"{len(judged) - len(late)}/{len(judged)}{aside}",
                          not late and not unconfirmed, _ids(late + unconfirmed)))
     negatives = [c for c in cases if c.group in NEGATIVE]
@@ -755,7 +775,7 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         if h.verdict and h.bad.runs:
             passed = (True if h.verdict.startswith("trainguard better")
                       else None if h.verdict.startswith("tie") else False)
-            where = "" if h.family == ALL else f" [{h.family}]"
+            where = "" if h.family == ALL else f" in family {h.family}"
             out.append(Check(f"trainguard {h.kind} vs {h.detector}{where}", h.verdict, passed))
     return out
 

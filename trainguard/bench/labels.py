@@ -71,9 +71,12 @@ class Labelled:
     reached: bool | None = None
 
     @property
-    def group(self) -> tuple[str, str, str]:
-        """Runs of one experiment (Katib's "other trials"): same folder, metric and target."""
-        return (Path(self.run).parent.as_posix(), self.target_metric or "",
+    def group(self) -> tuple[str, str, str, str]:
+        """Runs of one experiment (Katib's "other trials"): same folder, metric and target,
+        and the same repository where ``source`` names one (``owner/repo@commit:path``):
+        runs of unrelated projects in one folder are no trials of one experiment."""
+        return (Path(self.run).parent.as_posix(), self.source.partition("@")[0],
+                self.target_metric or "",
                 "" if self.target_value is None else repr(self.target_value))
 
 

@@ -45,8 +45,15 @@ def _count(n: int, of: int) -> str:
 
 
 def _tick(tick: float | None, unit: str) -> str:
-    return f"every {tick:g} {unit}" if tick is not None else (
-        f"every logging interval (at most {MAX_AUTO_TICKS:,} per run)")
+    return f"every {tick:g} {unit}" if tick is not None else "every logging interval"
+
+
+def _ticks(tick: float | None, step_tick: float | None) -> str:
+    auto = f" (at most {MAX_AUTO_TICKS:,} per run)" if None in (tick, step_tick) else ""
+    if tick == step_tick:
+        return _tick(tick, "s or steps") + auto
+    return (f"{_tick(tick, 's')} ({_tick(step_tick, 'steps')} on runs without a time axis)"
+            + auto)
 
 
 def header(bench: Bench) -> list[str]:
@@ -55,9 +62,8 @@ def header(bench: Bench) -> list[str]:
     lines = [
         f"trainguard bench: {bench.labels}: {bench.runs} runs, {len(bench.cases)} cases"
         + (f" ({injected} injected, seed {s.seed})" if s.inject else "")
-        + f"; policy {bench.policy}; replay ticks {_tick(s.tick, 's')} "
-          f"({_tick(s.step_tick, 'steps')} on runs without a time axis), detections timed "
-          "to the record between ticks",
+        + f"; policy {bench.policy}; replay ticks {_ticks(s.tick, s.step_tick)}, "
+          "detections timed to the record between ticks",
         f"price: ${s.price.usd_per_hour:,.2f}/h for {s.price.gpus} GPUs per run ({s.price.source})",
         f"savings: diverged and flat runs from detection to their last record; stalled runs "
         f"from detection to the job's max runtime, assumed SageMaker's default "
