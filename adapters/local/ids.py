@@ -20,13 +20,14 @@ GENERIC_FILES = frozenset({"metrics.csv", "trainer_state.json", "hparams.yaml", 
 
 def run_parts(path: str | Path) -> list[str]:
     """The parts of a run's path that may name it, nearest last; a generic file name
-    (and an event file's) is dropped, and so is the extension of the last part."""
+    (and an event file's) is dropped, and so is a file's extension (not a folder's:
+    ``lr0.1`` stays whole)."""
     parts = [x for x in Path(os.path.abspath(path)).parts if x not in ("/", "")]
     if parts and (parts[-1] in GENERIC_FILES or (parts[-1].endswith(".gz") and
                   parts[-1][:-3] in GENERIC_FILES)
                   or parts[-1].startswith("events.out.tfevents.")):
         parts = parts[:-1]
-    if parts and "." in parts[-1].lstrip("."):
+    if parts and "." in parts[-1].lstrip(".") and not Path(path).is_dir():
         parts[-1] = parts[-1].split(".")[0] or parts[-1]
     return parts or [str(path)]
 
