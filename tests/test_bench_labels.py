@@ -206,3 +206,21 @@ def test_katib_peers_are_runs_of_the_same_repository(tmp_path: Path) -> None:
 
     assert katib(["me/exp@1:a", "me/exp@1:b", "me/exp@1:c", "me/exp@1:d"]) is not None
     assert katib(["x/one@1:a", "y/two@1:b", "z/three@1:c", "me/exp@1:d"]) is None
+
+
+def test_several_labels_files_are_judged_together(
+        corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    other = tmp_path_factory.mktemp("other")
+    _csv(other / "c" / "flat.csv", [11.7 + 0.01 * ((i * 7) % 5) for i in range(200)])
+    (other / "labels.csv").write_text(HEADER + "c/flat.csv,csv,flat,,,loss,\n")
+    data = _json(corpus / "labels.csv", str(other / "labels.csv"), "--by", "family")
+    assert data["runs"] == 5
+    assert {r["family"] for r in data["rows"]} == {"all", "a", "c", "text-logs"}
+    # the same run name in both files is ambiguous: named with both places
+    (other / "labels.csv").write_text(HEADER + "a/healthy.csv,csv,healthy,,,loss,\n")
+    _csv(other / "a" / "healthy.csv", _falling(50))
+    result = runner.invoke(app, ["bench", str(corpus / "labels.csv"),
+                                 str(other / "labels.csv")])
+    assert result.exit_code == 2
+    assert (f"{other / 'labels.csv'}:2: run: 'a/healthy.csv' is also listed at "
+            f"{corpus / 'labels.csv'}:2") in result.output

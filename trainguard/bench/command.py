@@ -1,4 +1,4 @@
-"""``trainguard bench LABELS.csv``: the detection benchmark as a command.
+"""``trainguard bench LABELS.csv...``: the detection benchmark as a command.
 
 Registered in ``trainguard/cli.py`` with ``app.command("bench")(bench)``. Exit codes:
 0 when the benchmark ran, 2 for bad input (the labels file, a run in it, the policy or
@@ -54,8 +54,9 @@ def _policy(path: Path | None) -> Policy:
 
 
 def bench(
-    labels: Annotated[Path, typer.Argument(
-        help="Labels CSV (the format of ../shared/data/curves/labels.csv); run paths are "
+    labels: Annotated[list[Path], typer.Argument(
+        help="Labels CSVs (the format of ../shared/data/runs/labels.csv), one or more, "
+             "judged together; run paths are "
              "relative to its folder.")],
     format: Annotated[BenchFormat, typer.Option("--format", help="Output: table or json.")]
     = BenchFormat.table,
@@ -90,9 +91,14 @@ def bench(
     began = time.perf_counter()
     pol = _policy(policy)
     try:
-        rows = read_labels(labels)
+        rows = [row for path in labels for row in read_labels(path)]
     except LabelsError as e:
         _fail(str(e))
+    seen: dict[str, Labelled] = {}
+    for row in rows:  # a case is named by its run: the same name twice is ambiguous
+        if row.run in seen:
+            _fail(f"{row.where}: run: {row.run!r} is also listed at {seen[row.run].where}")
+        seen[row.run] = row
     settings = harness.Settings(tick=tick, step_tick=step_tick, inject=inject, seed=seed,
                                 by_family=by is BenchView.family,
                                 price=harness.pricing(price))
@@ -105,8 +111,8 @@ def bench(
             cases = harness.judge_all(rows, pol, settings, jobs=jobs,
                                       advance=lambda: bar.advance(task))
     except harness.BenchError as e:
-        _fail(f"{labels}:{e}")
-    result = harness.summarise(str(labels), pol.name, rows, cases, settings)
+        _fail(str(e))
+    result = harness.summarise(" + ".join(map(str, labels)), pol.name, rows, cases, settings)
     if plot is not None:
         for path in _plots(plot, rows, result.cases, settings):
             err.print(f"wrote {path}", highlight=False)

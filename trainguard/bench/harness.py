@@ -122,8 +122,8 @@ class Settings:
 
 
 class BenchError(Exception):
-    """A run that cannot be benchmarked: ``LINE: run 'x': reason``, LINE being its labels
-    file line (one plain message, so it crosses process boundaries)."""
+    """A run that cannot be benchmarked: ``FILE:LINE: run 'x': reason``, naming its labels
+    file and line (one plain message, so it crosses process boundaries)."""
 
 
 # --- one case ---------------------------------------------------------------------------------
@@ -385,9 +385,9 @@ def load(row: Labelled) -> Job:
         job = load_run(row.path, definitions=list(row.metrics) or None, fmt=row.format,
                        job_id=row.run)
     except (ValueError, OSError, UnicodeDecodeError) as e:
-        raise BenchError(f"{row.line}: run {row.run!r}: {e}") from None
+        raise BenchError(f"{row.where}: run {row.run!r}: {e}") from None
     if job.last_time() is None:
-        raise BenchError(f"{row.line}: run {row.run!r}: no records in it")
+        raise BenchError(f"{row.where}: run {row.run!r}: no records in it")
     if row.label != "stalled":
         job = dataclasses.replace(job, state=JobState.SUCCEEDED, end_time=job.last_time())
     return job
@@ -418,7 +418,7 @@ def judge_run(row: Labelled, policy: Policy, settings: Settings) -> list[Case]:
         for fault in faults(job, row, settings):
             cases.append(_judge_case(fault.job, row, policy, rules, settings, fault))
     except ValueError as e:  # too many ticks: a unit mistake
-        raise BenchError(f"{row.line}: run {row.run!r}: {e}") from None
+        raise BenchError(f"{row.where}: run {row.run!r}: {e}") from None
     return cases
 
 

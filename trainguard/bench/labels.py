@@ -62,6 +62,12 @@ class Labelled:
     source: str = ""
     family: str = NO_FAMILY
     metrics: tuple[MetricDefinition, ...] = ()  # a text log's definitions; () the defaults
+    labels: Path | None = None  # the labels file it was read from
+
+    @property
+    def where(self) -> str:
+        """``FILE:LINE`` of this row, for messages."""
+        return f"{self.labels}:{self.line}" if self.labels is not None else str(self.line)
     onset_step: float | None = None
     planned_steps: int | None = None
     last_step: int | None = None
@@ -237,6 +243,7 @@ class _Row:
                          f"{fmt!r}")
         item = Labelled(
             run=run, path=folder / run, line=self.line, label=label, format=fmt,
+            labels=self.path,
             source=self.get("source"), target_metric=self.get("target_metric") or None,
             family=self.get("family") or family_of(run), metrics=metrics,
             onset_step=self.cell("onset_step", _number),
