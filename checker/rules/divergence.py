@@ -47,10 +47,11 @@ class DivergenceParams:
         5, "a blow-up still there after this many points is a divergence, else a spike")
     abs_limit: float = param(1e12, "a loss beyond this magnitude is a blow-up whatever came before")
     regress_factor: float = param(
-        5.0, "the training objective's level (median of 3 points) this many times its best "
-        "level is a divergence without NaN; healthy noise near a best is a few-fold at most")
+        5.0, "the training objective this many times its best level (the lowest median of "
+        "3 points so far) is a divergence without NaN; noise near a best is a few-fold")
     regress_points: int = param(
-        3, "... when it stays there for this many consecutive levels (a sustained stretch)")
+        2, "... when this many points in a row are there (as many as nan_points: one "
+        "logging interval after the first); it has recovered once recover_points are back")
 
 
 def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -186,38 +187,36 @@ class Divergence(Rule):
         return f
 
     def _regressed(self, job: Job, s: Series) -> Finding | None:
-        """The objective's level many times its own best, for a sustained stretch."""
+        """The objective many times its own best level, for a sustained stretch: as many
+        points in a row as a non-finite divergence needs (``regress_points``)."""
         p: DivergenceParams = self.params
         ok = np.isfinite(s.value)
         v = s.value[ok]
-        if len(v) < 3 + p.regress_points or float(v.min()) <= 0:
+        n = len(v)
+        if n < 3 + p.regress_points or float(v.min()) <= 0:
             return None  # too short, or no floor to measure a ratio against
-        level = rolling_median3(v)  # level[i] is the median of v[i:i+3]
-        best = np.minimum.accumulate(level)
-        high = level >= p.regress_factor * best
-        if not high.any():
-            return None
+        # best[i]: the lowest level (median of three points) wholly before point i, so a
+        # single lucky low point is not a best and point i is not its own reference.
+        best = np.full(n, np.inf)
+        best[3:] = np.minimum.accumulate(rolling_median3(v))[: n - 3]
+        high = v >= p.regress_factor * best
         idx = np.flatnonzero(ok)
         out: Finding | None = None
         for start, length in _runs(high):
             if length < p.regress_points:
                 continue
-            # The stretch starts at the first point of the first high level's triple that
-            # is itself high: where the climb shows.
-            first = start + int(np.argmax(v[start:start + 3] >= p.regress_factor * best[start]))
-            at = int(idx[first])
-            what = (f"climbed to over {p.regress_factor:g}x its best level "
-                    f"({best[start]:.4g}) and stayed there")
-            evidence = {"best_level": float(best[start]),
-                        "level": float(level[start + length - 1]),
-                        "ratio": float(level[start + length - 1] / best[start])}
-            if start + length == len(level):
+            at = int(idx[start])
+            ref = float(best[start])
+            what = (f"climbed to over {p.regress_factor:g}x its best level ({ref:.4g}) "
+                    f"for {length} points in a row")
+            evidence = {"best_level": ref, "level": float(np.median(v[start:start + length])),
+                        "ratio": float(np.median(v[start:start + length]) / ref)}
+            end = start + length
+            if n - end < p.recover_points:
                 f = self._finding(job, s, at, None, Severity.CRITICAL, what)
                 f.evidence.update(kind="regressed", **evidence)
                 return f
-            # The level came back: the first point of the first calm triple.
-            end = int(idx[min(start + length + 2, len(v) - 1)])
-            out = self._recovered(job, s, at, end, None, what, False)
+            out = self._recovered(job, s, at, int(idx[end]), None, what, False)
             out.evidence.update(evidence)
         return out
 
