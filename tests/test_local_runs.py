@@ -71,7 +71,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path,
 
 
 def test_every_mlflow_run_is_its_own_run(store: tuple[Path, dict[str, str]]) -> None:
-    path, ids = store
+    path, _ = store
     out = doc(run_cli("check", path, "--format", "json"))
     runs = {r["id"]: r for r in out["runs"]}
     assert set(runs) == {"vision/baseline", "vision/lr-high", "nlp/baseline"}

@@ -563,7 +563,7 @@ def demo(workdir: Annotated[Path, typer.Option(
         from trainguard.demo import run_demo
     except ImportError as e:  # the demo extra is not installed
         fail(f"the demo needs the 'demo' extra (pip install 'trainguard[demo]'): {e}")
-    console = err if format is OutputFormat.json else out  # JSON alone on stdout
+    console = err if format is OutputFormat.json else report.fit_output(out)  # JSON alone
     from trainguard.demo.run import DemoError
 
     try:

@@ -141,6 +141,9 @@ def detail_table(bench: Bench, family: str = ALL) -> Table:
 
 
 def print_tables(console: Console, bench: Bench) -> None:
+    from trainguard.report import fit_output
+
+    fit_output(console)  # whole rows in a pipe or a CI log, not 80-column boxes
     for line in header(bench):
         console.print(line, highlight=False)
     console.print()

@@ -171,11 +171,13 @@ def run_demo(workdir: str | Path, console: Console, seed: int = 0, steps: int = 
                     [sys.executable, "-m", "trainguard.demo.train", "--mode", name,
                      "--out", str(work / f"{name}.jsonl"), "--steps", str(steps),
                      "--interval", str(interval_s), "--seed", str(seed)],
-                    stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=work)
+                    stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=work,
+                    start_new_session=True)  # a stop reaches the whole process group
             started[name] = time.time()
         watched = watch([work / f"{name}.jsonl" for name in RUNS], policy, state, tick_s,
                         console, until=TIMEOUT_S,
-                        processes={work / f"{name}.jsonl": p for name, p in procs.items()})
+                        processes={work / f"{name}.jsonl": p for name, p in procs.items()},
+                        outputs={work / f"{name}.jsonl": work / f"{name}.out" for name in procs})
     finally:
         _end(procs)
     crashed = [n for n, p in procs.items() if p.returncode not in (0, None, -signal.SIGTERM,
