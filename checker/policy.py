@@ -10,6 +10,12 @@ from typing import Any, Literal
 from checker.model import Action, Severity
 
 Period = Literal["day", "week", "month"]
+#: What a finding can rest on besides the training metrics a job writes: the job's state
+#: and resources as the platform reports them, its log lines, and the GPU/host metrics
+#: the platform writes. See lambdas/trust.py and docs/security.md.
+Signal = Literal["state", "logs", "platform_metrics"]
+#: The signals others may be able to write for a job (the training metrics among them).
+Writable = Literal["metrics", "logs", "platform_metrics"]
 
 
 def _default_actions() -> dict[Severity, Action]:
@@ -51,6 +57,12 @@ class Safety:
     # A job with this tag (any value but "false") is never stopped.
     protect_tag: str = "trainguard:protect"
     persist_ticks: int = 3  # a finding must be seen this many ticks in a row before a stop
+    # Where other principals can write a job's metrics (or logs), a stop resting on them
+    # also needs a finding of the same job resting on one of these: docs/security.md.
+    corroborate_with: list[Signal] = field(default_factory=lambda: ["state"])
+    # Signals this account has closed to other writers (e.g. with the SCP in
+    # docs/security.md): a stop may rest on them alone. Empty: trust the source's word.
+    trusted_signals: list[Writable] = field(default_factory=list)
 
 
 @dataclass

@@ -86,6 +86,15 @@ class K8sReplay:
     def add_json(self, method: str, path: str, body: Any, status: int = 200,
                  query: dict[str, str] | None = None) -> None:
         self.add(method, path, Reply(status, body), query=query)
+        # The API server serves each item of a custom object list at its own path too
+        # (the watchdog reads a job again just before stopping it).
+        if method == "GET" and status == 200 and path.startswith("/apis/") \
+                and isinstance(body, dict) and str(body.get("kind", "")).endswith("List"):
+            for item in body.get("items", []):
+                name = item.get("metadata", {}).get("name") if isinstance(item, dict) else None
+                item_path = f"{path}/{name}"
+                if isinstance(name, str) and _key("GET", item_path, None) not in self.routes:
+                    self.add("GET", item_path, Reply(200, item))
 
     def fail_first(self, method: str, path: str, *statuses: int,
                    query: dict[str, str] | None = None, retry_after: str | None = None) -> None:

@@ -62,7 +62,7 @@ RESOURCE_ID = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/trainguard-researc
 
 STALL_STOPS = """
 name: stall-stops
-safety: {dry_run: false, max_stops_per_tick: 1, persist_ticks: 1}
+safety: {dry_run: false, max_stops_per_tick: 1, persist_ticks: 1, trusted_signals: [metrics]}
 rules:
   stall: {actions: {critical: stop}}
 """
@@ -459,18 +459,27 @@ def test_a_listing_that_keeps_failing_fails_the_invocation_and_resolves_nothing(
     assert len(set(sent)) == len(sent)  # a raise again only if a finding got worse
 
 
-def test_a_cancel_azure_ml_refuses_is_audited_reported_and_not_retried(azure: Azure) -> None:
+def test_a_cancel_azure_ml_refuses_is_retried_then_given_up_with_an_alarm(
+        azure: Azure) -> None:
     azure.configure(STALL_STOPS)
-    azure.replay.fail("POST", "/cancel", 500, times=10)
+    azure.replay.fail("POST", "/cancel", 500, times=100)
     azure.invoke()
     tried = len(azure.cancels())
     assert tried >= 1
     audit = azure.state().audit_log()
     assert [a.action for a in audit] == [AuditAction.STOP_FAILED]
     (bright,) = [m for m in azure.messages() if m["fields"]["job_id"] == BRIGHT]
-    assert "stop call FAILED" in bright["text"]
-    azure.invoke(NOW + 600)
-    assert len(azure.cancels()) == tried
+    assert "stop call FAILED" in bright["text"] and "tries again" in bright["text"]
+    for i in range(1, 5):  # two more attempts, then the tick gives up
+        azure.invoke(NOW + 600 * i)
+    # each attempt with the SDK's own retries; then no more
+    assert azure.cancels().count(BRIGHT) == 3 * tried
+    failed = [a for a in azure.state().audit_log()
+              if a.action == AuditAction.STOP_FAILED and a.job_id == BRIGHT]
+    assert len(failed) == 4 and "gave up" in failed[-1].reason
+    gave_up = [m for m in azure.messages() if m["fields"]["rule"] == "stop_failed"
+               and m["fields"]["job_id"] == BRIGHT]
+    assert len(gave_up) == 1 and gave_up[0]["fields"]["severity"] == "critical"
 
 
 def test_the_metric_endpoint_failing_once_is_retried(azure: Azure) -> None:

@@ -111,7 +111,7 @@ def test_evidence_and_money_are_formatted_for_people() -> None:
                        "sagemaker:aws:acct:j9", 0.0, 0.0, 1, fm)
     msg = render(event, dry_run=False)
     assert "$123.46 burnt" in msg.text and "$9,876.50 projected" in msg.text
-    assert "silence_s: 2520" in msg.text and "examples: a; b" in msg.text
+    assert "silence_s: 2520" in msg.text and 'examples: "a"; "b"' in msg.text
     assert "step: 1200" in msg.text
     assert len(msg.subject) <= SUBJECT_MAX and msg.subject.endswith("...")
     assert msg.subject.isascii()

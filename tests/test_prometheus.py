@@ -305,10 +305,11 @@ def test_a_day_of_history_is_read_coarser_but_never_invented(curves: Curves) -> 
 
     class Recording(PromClient):
         def query_range(self, expr: str, start: float, end: float,
-                        step: float | None = None) -> list[RawSeries]:
+                        step: float | None = None,
+                        namespace: str | None = None) -> list[RawSeries]:
             assert step is not None
             points.append((end - start) / step + 1)
-            return super().query_range(expr, start, end, step)
+            return super().query_range(expr, start, end, step, namespace)
 
     # The default mapping reads a day of history.
     job = PrometheusAdapter(Metrics(Recording(curves.server.url))).get_job("gpt", curves.now)

@@ -13,7 +13,14 @@ policy (dry-run, notify only). The full, commented default is
     ``max_stops_per_tick`` (int >= 0, default 1): stops allowed in one tick.
     ``protect_tag`` (non-empty string, default ``trainguard:protect``): jobs carrying
     this tag are never stopped. ``persist_ticks`` (int >= 1, default 3): ticks in a row
-    a finding must be seen before its job is stopped.
+    a finding must be seen before its job is stopped. ``corroborate_with`` (list of
+    ``state``, ``logs``, ``platform_metrics``, default ``[state]``): on a source where
+    other principals can write a job's metrics or logs (SageMaker, Azure ML), a stop
+    resting on those needs a finding of the same job, in the same tick, resting on one
+    of these signals; otherwise the stop is refused and audited (docs/security.md).
+    ``trusted_signals`` (list of ``metrics``, ``logs``, ``platform_metrics``, default
+    ``[]``): signals this account has closed to other writers (an SCP or permissions
+    boundary, docs/security.md), on which a stop may then rest alone.
 ``cost``
     ``region`` (string): the price book's region (default: each provider's default).
     ``prices`` (instance type -> $/hour >= 0): wins over the price book.
@@ -52,7 +59,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from checker.model import Action, Severity
-from checker.policy import AccountBudget, Budget, Cost, Policy, RuleConfig, Safety
+from checker.policy import (
+    AccountBudget,
+    Budget,
+    Cost,
+    Policy,
+    RuleConfig,
+    Safety,
+    Signal,
+    Writable,
+)
 from checker.registry import RULES, rule_names
 
 Loc = tuple[str | int, ...]
@@ -170,6 +186,10 @@ class SafetyModel(BaseModel):
     max_stops_per_tick: int = Field(default=1, ge=0)
     protect_tag: str = Field(default="trainguard:protect", min_length=1)
     persist_ticks: int = Field(default=3, ge=1)
+    corroborate_with: list[Signal] = Field(
+        default_factory=lambda: list(Safety().corroborate_with))
+    trusted_signals: list[Writable] = Field(
+        default_factory=lambda: list(Safety().trusted_signals))
 
 
 class CostModel(BaseModel):

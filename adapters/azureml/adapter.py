@@ -27,6 +27,10 @@ class AzureMLAdapter(Adapter):
     WATCHED: ClassVar[frozenset[JobState]] = frozenset({JobState.RUNNING})
     #: States with no MLflow run worth reading yet.
     NO_METRICS: ClassVar[frozenset[JobState]] = frozenset({JobState.PENDING})
+    #: Signals principals other than the job can write (lambdas/trust.py): anyone allowed
+    #: to log to the workspace's runs can log metrics (system GPU metrics included) into
+    #: any run, MLflow does not bind a metric to the process that ran the job.
+    forgeable: ClassVar[frozenset[str]] = frozenset({"metrics", "platform_metrics", "logs"})
 
     def __init__(self, ml: Any, mlflow: MlflowReader, *, subscription: str,
                  resource_group: str, workspace: str, endpoint: str | None = None,
@@ -84,6 +88,10 @@ class AzureMLAdapter(Adapter):
             tags=f.tags, console_url=f.console_url, max_runtime_s=f.max_runtime_s,
             series=series, logs=heartbeat_line(f.raw_state, start, series),
         )
+
+    def fresh_tags(self, job: Job) -> dict[str, str]:
+        """The job's tags, read now with a GET (lambdas/trust.py, just before a stop)."""
+        return fields(self.ml.jobs.get(job.id)).tags
 
     def stop(self, job: Job, reason: str) -> None:
         # Azure ML's cancel takes no reason: it goes to our log (and the tick's audit).

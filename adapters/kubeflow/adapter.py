@@ -224,6 +224,12 @@ class KubeflowAdapter(Adapter):
         return group.get(name, []) if group is not None else None
 
     # -- stopping ------------------------------------------------------------------
+    def fresh_tags(self, job: Job) -> dict[str, str]:
+        """The job's labels and annotations as tags, read now (lambdas/trust.py asks just
+        before a stop, so a protect label added since the listing is honoured)."""
+        ns, kind, name = self._parse(job.id)
+        return _labels(Reader(f"{kind.kind} {ns}/{name}", self.kube.get_object(kind, ns, name)))
+
     def stop(self, job: Job, reason: str) -> None:
         ns, kind, name = self._parse(job.id)
         if self.delete:

@@ -19,7 +19,7 @@ _config: Any = kube_config  # its loaders carry no type hints
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 N = TypeVar("N", int, float)
 PROMETHEUS = ("prometheus_url", "prometheus_token_file", "prometheus_ca_file",
-              "prometheus_mapping", "prometheus_id")
+              "prometheus_tenancy", "prometheus_mapping", "prometheus_id")
 KNOWN = ("host", "kubeconfig", "context", "in_cluster", "namespaces", "namespace", "cluster",
          "kinds", "delete", "retries", "backoff", "console", *PROMETHEUS)
 
@@ -46,7 +46,8 @@ def from_options(opts: dict[str, str]) -> KubeflowAdapter:
     - ``console``: an OpenShift console URL, for links to each job
     - ``prometheus_url``: read each job's series (loss, step, GPU use) from this
       Prometheus, with ``prometheus_token_file``, ``prometheus_ca_file`` (OpenShift's
-      Thanos Querier), ``prometheus_mapping`` (a mapping file, see adapters/prometheus)
+      Thanos Querier), ``prometheus_tenancy`` (``true`` when the url is the querier's
+      namespaced port, 9092: each query names the job's namespace), ``prometheus_mapping`` (a mapping file, see adapters/prometheus)
       and ``prometheus_id`` (the job's id there: ``{name}`` by default, or ``{namespace}``,
       ``{kind}``, ``{id}``)
     """
@@ -95,7 +96,8 @@ def _prometheus(opts: dict[str, str]) -> PrometheusHook | None:
     from adapters.prometheus import Metrics, client_from_options, load_mapping
 
     prom = {"url": opts["prometheus_url"], "token_file": opts.get("prometheus_token_file"),
-            "ca_file": opts.get("prometheus_ca_file")}
+            "ca_file": opts.get("prometheus_ca_file"),
+            "tenancy": opts.get("prometheus_tenancy")}
     client = client_from_options({k: v for k, v in prom.items() if v})
     return PrometheusHook(Metrics(client, load_mapping(opts.get("prometheus_mapping"))),
                           opts.get("prometheus_id") or "{name}")

@@ -2,14 +2,16 @@
 
 Kubernetes says what a job is and how it runs; its loss, step and GPU use live in
 Prometheus (pushed or scraped training metrics, the DCGM exporter). The hook reads them
-with the Prometheus adapter's mapping, for the job's id as the mapping names it.
+with the Prometheus adapter's mapping, for the job's id as the mapping names it, and
+only from the job's own namespace: a pod elsewhere exporting the same ``run`` label
+cannot speak for it (docs/security.md).
 """
 
 from __future__ import annotations
 
 import time
 
-from adapters.prometheus import Metrics
+from adapters.prometheus import MappingError, Metrics
 from checker.model import Job, Series
 
 
@@ -20,6 +22,11 @@ class PrometheusHook:
     def __init__(self, metrics: Metrics, id_template: str = "{name}",
                  now: float | None = None) -> None:
         self.metrics, self.id_template, self.now = metrics, id_template, now
+        unbound = metrics.mapping.unbound()
+        if unbound:
+            raise MappingError("prometheus mapping", unbound[0], "does not select the job's "
+                               "namespace: use {selector}, {namespace} or {in_namespace}, "
+                               "or another namespace's series could speak for the job")
         self.read: dict[str, list[str]] = {}  # job id -> series read: a run's summary shows it
 
     def prometheus_id(self, job: Job) -> str:
@@ -30,7 +37,8 @@ class PrometheusHook:
 
     def __call__(self, job: Job) -> dict[str, Series]:
         now = self.now if self.now is not None else time.time()
+        namespace = job.id.split("/", 1)[0]
         series = self.metrics.series_for(self.prometheus_id(job),
-                                         now - self.metrics.mapping.history, now)
+                                         now - self.metrics.mapping.history, now, namespace)
         self.read[job.id] = sorted(f"{k}:{len(s)}" for k, s in series.items())
         return series

@@ -35,7 +35,10 @@ def client_from_options(opts: dict[str, str]) -> PromClient:
     ``timeout`` (seconds a request may take, default 30), ``retries`` (on 429/5xx and
     connection errors, default 4), ``token_file`` (a bearer token sent with every request,
     e.g. /var/run/secrets/kubernetes.io/serviceaccount/token), ``ca_file`` (CA bundle
-    that signs the server's TLS certificate)."""
+    that signs the server's TLS certificate), ``tenancy`` (``true``: the url is a
+    namespaced endpoint such as OpenShift's Thanos querier on port 9092, and every query
+    names the job's namespace). A token is only sent over https; redirects are never
+    followed."""
     url = opts.get("url")
     if not url:
         raise ValueError("source prometheus: option url is required "
@@ -53,8 +56,12 @@ def client_from_options(opts: dict[str, str]) -> PromClient:
         retries = int(opts.get("retries", 4))
     except ValueError as e:
         raise ValueError(f"source prometheus: option timeout or retries: {e}") from e
+    tenancy = str(opts.get("tenancy", "false")).lower()
+    if tenancy not in ("true", "false"):
+        raise ValueError(f"source prometheus: option tenancy: expected true or false, "
+                         f"got {opts['tenancy']!r}")
     return PromClient(url, timeout=timeout, retries=retries, headers=headers,
-                      ssl_context=context)
+                      ssl_context=context, tenancy=tenancy == "true")
 
 
 def from_options(opts: dict[str, str]) -> PrometheusAdapter:
@@ -63,16 +70,18 @@ def from_options(opts: dict[str, str]) -> PrometheusAdapter:
     labelled ``run``); ``scope`` (what the jobs' ``scope`` says, e.g. cluster/namespace;
     default the url); and any one mapping key to override it: ``discover``, ``id_label``,
     ``selector``, ``state``, ``state_label``, ``start_time``, ``gpus``, ``history``,
-    ``recent``, ``min_step``."""
-    known = {"url", "timeout", "retries", "token_file", "ca_file", "mapping", "scope",
-             *_MAPPING_OPTIONS}
+    ``recent``, ``min_step``; ``namespace`` (read only that namespace's series: jobs
+    listed are those the discovery query names there)."""
+    known = {"url", "timeout", "retries", "token_file", "ca_file", "tenancy", "mapping",
+             "scope", "namespace", *_MAPPING_OPTIONS}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise ValueError(f"source prometheus: unknown option {unknown[0]!r} "
                          f"(known: {', '.join(sorted(known))})")
     overrides = {k: v for k, v in opts.items() if k in _MAPPING_OPTIONS}
     mapping = load_mapping(opts.get("mapping"), overrides)
-    return PrometheusAdapter(Metrics(client_from_options(opts), mapping),
+    return PrometheusAdapter(Metrics(client_from_options(opts), mapping,
+                                     namespace=opts.get("namespace") or None),
                              scope=opts.get("scope"))
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.safe_http import opener, require_https
+
 log = logging.getLogger("trainguard.adapters.prometheus")
 
 #: Prometheus refuses a range query that would return more than 11,000 points a series.
@@ -50,7 +52,13 @@ def step_for(start: float, end: float, min_step: float = 1.0,
 
 @dataclass
 class PromClient:
-    """``base_url`` is the server root (``http://prometheus:9090``, or a Thanos querier)."""
+    """``base_url`` is the server root (``http://prometheus:9090``, or a Thanos querier).
+
+    With ``tenancy`` every query names the job's namespace (``?namespace=NS``), as the
+    Thanos querier's tenancy port (9092 on OpenShift) requires: the server then answers
+    from that namespace only, whatever the expression says. A client that sends a token
+    (``headers`` with Authorization) needs an https URL, and no client follows redirects.
+    """
 
     base_url: str
     timeout: float = 30.0
@@ -60,11 +68,18 @@ class PromClient:
     ssl_context: ssl.SSLContext | None = None  # e.g. one trusting the cluster's CA
     sleep: Callable[[float], None] = time.sleep
     calls: int = 0  # HTTP requests made, retries included: for tests and benchmarks
+    tenancy: bool = False
+    _opener: urllib.request.OpenerDirector = field(init=False, repr=False, compare=False)
 
-    def query(self, expr: str, at: float | None = None) -> list[RawSeries]:
+    def __post_init__(self) -> None:
+        require_https(self.base_url, self.headers, "prometheus")
+        self._opener = opener(self.ssl_context)
+
+    def query(self, expr: str, at: float | None = None,
+              namespace: str | None = None) -> list[RawSeries]:
         """An instant query: one point per series, at ``at`` (default: the server's now)."""
         params = {"query": expr} | ({"time": _ts(at)} if at is not None else {})
-        data = self._get("/api/v1/query", params, expr)
+        data = self._get("/api/v1/query", self._scoped(params, namespace), expr)
         kind, result = data.get("resultType"), data.get("result") or []
         if kind == "vector":
             return [RawSeries(_labels(r), [_point(r.get("value"), expr)]) for r in result]
@@ -76,17 +91,26 @@ class PromClient:
         raise PrometheusError(f"query {expr!r}: unexpected result type {kind!r}")
 
     def query_range(self, expr: str, start: float, end: float,
-                    step: float | None = None) -> list[RawSeries]:
+                    step: float | None = None, namespace: str | None = None,
+                    ) -> list[RawSeries]:
         """A range query from ``start`` to ``end``; ``step`` defaults to the finest that
         stays within Prometheus's 11,000 points a series."""
         step = step if step is not None else step_for(start, end)
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)}
-        data = self._get("/api/v1/query_range", params, expr)
+        data = self._get("/api/v1/query_range", self._scoped(params, namespace), expr)
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"query {expr!r}: expected a matrix, got "
                                   f"{data.get('resultType')!r}")
         return [RawSeries(_labels(r), [_point(v, expr) for v in r.get("values", [])])
                 for r in data.get("result", [])]
+
+    def _scoped(self, params: dict[str, str], namespace: str | None) -> dict[str, str]:
+        if not self.tenancy:
+            return params
+        if not namespace:
+            raise PrometheusError(f"{self.base_url} is a tenancy endpoint: a query must "
+                                  "name its namespace (give the source a namespace)")
+        return params | {"namespace": namespace}
 
     def _get(self, path: str, params: dict[str, str], expr: str) -> dict[str, Any]:
         url = f"{self.base_url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
@@ -96,11 +120,15 @@ class PromClient:
         for attempt in range(self.retries + 1):
             self.calls += 1
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout,
-                                            context=self.ssl_context) as response:
+                with self._opener.open(request, timeout=self.timeout) as response:
                     return _payload(response.read(), expr)
             except urllib.error.HTTPError as e:
                 body = e.read()
+                if 300 <= e.code < 400:  # never followed: the token stays with this server
+                    raise PrometheusError(
+                        f"query {expr!r}: HTTP {e.code} from {self.base_url}: redirect to "
+                        f"{e.headers.get('Location')!r} not followed (point url at the "
+                        "server itself)") from e
                 if e.code not in RETRY_STATUSES or attempt == self.retries:
                     # 400 (bad expression) and 422 (cannot execute) carry Prometheus's reason
                     raise PrometheusError(f"query {expr!r}: HTTP {e.code} from {self.base_url}: "

@@ -3,7 +3,7 @@ label matchers pick one job's series, and which query gives each series.
 
 A mapping is a dict (or a YAML/JSON file holding one)::
 
-    discover: group by (run) (trainguard_step)   # each result's ``id_label`` is a job id
+    discover: group by (namespace, run) (trainguard_step)   # each result's ``id_label`` is a job id
     id_label: run
     selector: '{job="trainguard-demo", run="{job_id}"}'  # one job's series
     series:
@@ -11,19 +11,30 @@ A mapping is a dict (or a YAML/JSON file holding one)::
       step: trainguard_step
       gpu_util:                                    # averaged over the GPUs of the job's pods
         metric: DCGM_FI_DEV_GPU_UTIL
-        match: 'pod=~"{job_id}-.*"'
+        match: 'pod=~"{job_id_re}-[a-z]+-[0-9]+"{in_namespace}'
         aggregate: avg
       tokens_per_s: 'sum(rate(tokens_total{selector}[1m]))'  # any PromQL
     state: trainguard_state{selector}              # optional info metric; its label is the state
     state_label: state
     start_time: trainguard_start_time_seconds{selector}  # optional: epoch seconds
-    gpus: count(DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id}-.*"})  # optional
+    gpus: count(DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id_re}-.+"{in_namespace}})  # optional
+    namespace_label: namespace  # the label Prometheus sets to the namespace of the target
     history: 86400     # seconds of history read each tick
     recent: 300        # a job with a sample this recent is still reporting
     min_step: 1        # finest range-query step, seconds
 
-In a PromQL entry ``{selector}`` stands for the job's matchers in braces and ``{job_id}``
-for the job id; a bare metric name is that metric under the selector.
+In a PromQL entry ``{selector}`` stands for the job's matchers in braces, ``{job_id}``
+for the job id inside a string literal, ``{job_id_re}`` for the job id escaped for a
+regex matcher (PromQL anchors regexes at both ends), ``{namespace}`` for the job's
+namespace and ``{in_namespace}`` for ``, namespace="NS"`` (nothing when the job has no
+namespace); a bare metric name is that metric under the selector.
+
+Binding (security): when the job has a namespace (a Kubeflow job), the selector carries
+``namespace_label="NS"`` too, and every query must select the namespace (through
+``{selector}``, ``{namespace}`` or ``{in_namespace}``): a pod in another namespace
+exporting a series with the same ``run`` cannot speak for the job. On OpenShift user
+workload monitoring Prometheus sets ``namespace`` from the scrape target itself, so a
+workload cannot forge it (see docs/security.md).
 """
 
 from __future__ import annotations
@@ -54,14 +65,18 @@ def _default_series() -> dict[str, str]:
         "val_loss": "trainguard_val_loss",
         "step": "trainguard_step",
         "throughput": "trainguard_throughput",
-        # DCGM exporter: one series per GPU, labelled with the pod it serves.
-        "gpu_util": 'avg(DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id}-.*"})',
+        # DCGM exporter: one series per GPU, labelled with the pod it serves. The pod
+        # names of a Training Operator job are JOB-REPLICATYPE-INDEX (and those of a
+        # TrainJob JOB-RJOB-I-J-xxxxx): the regex must not take in the pods of a job
+        # whose name merely starts with this one's (bert vs bert-large).
+        "gpu_util": 'avg(DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id_re}-[a-z]+-[0-9]+'
+                    '(-[0-9]+-[a-z0-9]{5})?"{in_namespace}})',
     }
 
 
 @dataclass(frozen=True)
 class Mapping:
-    discover: str = "group by (run) (trainguard_step)"
+    discover: str = "group by (namespace, run) (trainguard_step)"
     id_label: str = "run"
     selector: str = 'run="{job_id}"'  # label matchers, without the braces
     series: dict[str, str] = field(default_factory=_default_series)  # name -> PromQL
@@ -72,21 +87,51 @@ class Mapping:
     history: float = 86_400.0
     recent: float = 300.0
     min_step: float = 1.0
+    namespace_label: str = "namespace"
 
-    def expr(self, template: str, job_id: str) -> str:
-        """``template`` (a metric name or PromQL) made into one job's query."""
+    def expr(self, template: str, job_id: str, namespace: str | None = None) -> str:
+        """``template`` (a metric name or PromQL) made into one job's query; with a
+        ``namespace``, one that selects only that namespace's series."""
         if _METRIC_NAME.match(template):
             template = template + "{selector}"
-        matchers = "{" + self.selector + "}"
-        return template.replace("{selector}", matchers).replace("{job_id}", _quote(job_id))
+        if namespace is not None and not _BINDS_NAMESPACE.search(template):
+            raise MappingError("mapping", template, "does not select the job's namespace "
+                               "(use {selector}, {namespace} or {in_namespace}): another "
+                               "namespace's series could speak for the job")
+        ns = f', {self.namespace_label}="{_quote(namespace)}"' if namespace is not None else ""
+        values = {"job_id": _quote(job_id), "job_id_re": _quote(regex_literal(job_id)),
+                  "namespace": _quote(namespace or ""), "in_namespace": ns}
 
-    def series_expr(self, name: str, job_id: str) -> str:
-        return self.expr(self.series[name], job_id)
+        def fill(text: str) -> str:  # one pass: a value is never read again as a placeholder
+            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+        values["selector"] = "{" + fill(self.selector) + ns + "}"
+        return fill(template)
+
+    def series_expr(self, name: str, job_id: str, namespace: str | None = None) -> str:
+        return self.expr(self.series[name], job_id, namespace)
+
+    def unbound(self) -> list[str]:
+        """The mapping's queries that could not select a job's namespace."""
+        queries = {f"series.{k}": v for k, v in self.series.items()}
+        queries |= {k: getattr(self, k) for k in ("state", "start_time", "gpus")
+                    if getattr(self, k)}
+        return [k for k, v in queries.items()
+                if not _METRIC_NAME.match(v) and not _BINDS_NAMESPACE.search(v)]
+
+
+_PLACEHOLDER = re.compile(r"\{(selector|job_id_re|job_id|namespace|in_namespace)\}")
+_BINDS_NAMESPACE = re.compile(r"\{(selector|namespace|in_namespace)\}")
+
+
+def regex_literal(text: str) -> str:
+    """``text`` as a regex that matches exactly it (RE2 takes any escaped punctuation)."""
+    return re.escape(text)
 
 
 def _quote(job_id: str) -> str:
     # The id lands inside a PromQL string literal: escape what would end or break it.
-    return job_id.replace("\\", "\\\\").replace('"', '\\"')
+    return job_id.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def load_mapping(source: str | Path | dict[str, Any] | None,
@@ -114,7 +159,7 @@ def _build(name: str, doc: dict[str, Any]) -> Mapping:
     if unknown:
         raise MappingError(name, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
     kw: dict[str, Any] = {}
-    for key in ("discover", "id_label", "selector", "state_label"):
+    for key in ("discover", "id_label", "selector", "state_label", "namespace_label"):
         if key in doc:
             kw[key] = _text(name, key, doc[key])
     for key in ("state", "start_time", "gpus"):
@@ -123,8 +168,9 @@ def _build(name: str, doc: dict[str, Any]) -> Mapping:
     for key in ("history", "recent", "min_step"):
         if key in doc:
             kw[key] = _seconds(name, key, doc[key])
-    if "id_label" in kw and not _LABEL_NAME.match(kw["id_label"]):
-        raise MappingError(name, "id_label", f"{kw['id_label']!r} is not a label name")
+    for key in ("id_label", "namespace_label"):
+        if key in kw and not _LABEL_NAME.match(kw[key]):
+            raise MappingError(name, key, f"{kw[key]!r} is not a label name")
     if "selector" in kw:
         kw["selector"] = kw["selector"].strip().removeprefix("{").removesuffix("}").strip()
         if "{job_id}" not in kw["selector"]:
@@ -153,7 +199,8 @@ def _series(name: str, key: str, spec: Any) -> str:
     if not _METRIC_NAME.match(metric):
         raise MappingError(name, f"{where}.metric", f"{metric!r} is not a metric name")
     match = spec.get("match")
-    expr = metric + ("{" + _text(name, f"{where}.match", match).strip("{} ") + "}"
+    # A ``match`` is bound to the job's namespace like the selector is.
+    expr = metric + ("{" + _text(name, f"{where}.match", match).strip("{} ") + "{in_namespace}}"
                      if match else "{selector}")
     aggregate = spec.get("aggregate")
     if aggregate is None:

@@ -44,26 +44,34 @@ class Reading:
 class Metrics:
     """Reads jobs' series from one Prometheus server; the Kubeflow adapter uses it too."""
 
-    def __init__(self, client: PromClient, mapping: Mapping | None = None) -> None:
+    def __init__(self, client: PromClient, mapping: Mapping | None = None,
+                 namespace: str | None = None) -> None:
         self.client = client
         self.mapping = mapping or Mapping()
+        self.namespace = namespace  # every read bound to it unless a read names its own
 
     def job_ids(self, at: float | None = None) -> list[str]:
         """The ids the discovery query names at ``at``: the jobs reporting then."""
+        ns, label = self.namespace, self.mapping.namespace_label
         ids = {r.labels.get(self.mapping.id_label, "")
-               for r in self.client.query(self.mapping.discover, at)}
+               for r in self.client.query(self.mapping.discover, at, namespace=ns)
+               if ns is None or r.labels.get(label) == ns}
         ids.discard("")  # a result without the id label names no job
         return sorted(ids)
 
-    def series_for(self, job_id: str, start: float, end: float) -> dict[str, Series]:
-        """Every mapped series the job has points for between ``start`` and ``end``."""
-        return self.read(job_id, start, end).series
+    def series_for(self, job_id: str, start: float, end: float,
+                   namespace: str | None = None) -> dict[str, Series]:
+        """Every mapped series the job has points for between ``start`` and ``end``; with
+        a ``namespace``, only series Prometheus holds for that namespace."""
+        return self.read(job_id, start, end, namespace).series
 
-    def read(self, job_id: str, start: float, end: float) -> Reading:
+    def read(self, job_id: str, start: float, end: float,
+             namespace: str | None = None) -> Reading:
+        ns = namespace if namespace is not None else self.namespace
         step = step_for(start, end, self.mapping.min_step)
         raw: dict[str, tuple[dict[str, str], np.ndarray, np.ndarray]] = {}
         for name in self.mapping.series:
-            found = self._samples(name, job_id, start, end, step)
+            found = self._samples(name, job_id, ns, start, end, step)
             if found is not None:
                 raw[name] = found
         steps = raw.get("step")
@@ -72,24 +80,25 @@ class Metrics:
         reading = Reading(series, labels=steps[0] if steps else {})
         m = self.mapping
         if m.state:
-            reading.state = self._state(job_id, start, end, step)
+            reading.state = self._state(job_id, ns, start, end, step)
         if m.start_time:
-            value = self._scalar(m.expr(m.start_time, job_id), end, "start_time", job_id)
+            value = self._scalar(m.expr(m.start_time, job_id, ns), ns, end, "start_time",
+                                 job_id)
             reading.start_time = value
         if reading.start_time is None and series:
             reading.start_time = min(float(s.time[0]) for s in series.values() if len(s))
         if m.gpus:
-            gpus = self._scalar(m.expr(m.gpus, job_id), end, "gpus", job_id)
+            gpus = self._scalar(m.expr(m.gpus, job_id, ns), ns, end, "gpus", job_id)
             reading.gpus = int(gpus) if gpus is not None and gpus == gpus else None
         return reading
 
-    def _samples(self, name: str, job_id: str, start: float, end: float,
+    def _samples(self, name: str, job_id: str, ns: str | None, start: float, end: float,
                  step: float) -> tuple[dict[str, str], np.ndarray, np.ndarray] | None:
-        expr = self.mapping.series_expr(name, job_id)
+        expr = self.mapping.series_expr(name, job_id, ns)
         # One request gives both the values and the times they were written.
         both = (f'label_replace({expr}, "{_FIELD}", "value", "", "") or '
                 f'label_replace(timestamp({expr}), "{_FIELD}", "time", "", "")')
-        result = self.client.query_range(both, start, end, step)
+        result = self.client.query_range(both, start, end, step, namespace=ns)
         if not result:
             return None
         groups: dict[tuple[tuple[str, str], ...], dict[str, RawSeries]] = {}
@@ -121,10 +130,12 @@ class Metrics:
         labels = {k: val for k, val in values.labels.items() if k not in (_FIELD, "__name__")}
         return labels, np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64)
 
-    def _state(self, job_id: str, start: float, end: float, step: float) -> str | None:
+    def _state(self, job_id: str, ns: str | None, start: float, end: float,
+               step: float) -> str | None:
         m = self.mapping
         assert m.state is not None
-        result = self.client.query_range(m.expr(m.state, job_id), start, end, step)
+        result = self.client.query_range(m.expr(m.state, job_id, ns), start, end, step,
+                                         namespace=ns)
         latest = [(r.points[-1][0], r) for r in result if r.points]
         if not latest:
             return None
@@ -135,8 +146,9 @@ class Metrics:
                              f"without the {m.state_label!r} label: {newest.labels}")
         return state
 
-    def _scalar(self, expr: str, at: float, what: str, job_id: str) -> float | None:
-        result = self.client.query(expr, at)
+    def _scalar(self, expr: str, ns: str | None, at: float, what: str,
+                job_id: str) -> float | None:
+        result = self.client.query(expr, at, namespace=ns)
         if not result:
             return None
         if len(result) > 1:

@@ -36,6 +36,12 @@ class Described:
 class SageMakerAdapter(Adapter):
     provider = "sagemaker"
     STATES: ClassVar[dict[str, JobState]] = mapping.STATES
+    #: Signals principals other than the job can write (lambdas/trust.py): any role with
+    #: ``cloudwatch:PutMetricData`` can put metrics in ``/aws/sagemaker/TrainingJobs`` (the
+    #: host GPU metrics too: only ``AWS/`` namespaces are reserved) under any job's name,
+    #: and any role with ``logs:PutLogEvents`` on the group can make a stream named like
+    #: any job's. Only the job document (state, times, instances) is the platform's alone.
+    forgeable: ClassVar[frozenset[str]] = frozenset({"metrics", "platform_metrics", "logs"})
 
     def __init__(self, clients: Clients, name: str | None = None, period: int = 60,
                  lookback_s: float = 3 * 3600.0, tags_ttl_s: float = 600.0,
@@ -84,10 +90,16 @@ class SageMakerAdapter(Adapter):
         job = mapping.to_job(doc, tags=self._tags_of(doc["TrainingJobArn"]))
         return Described(job, mapping.metric_names(doc), mapping.host_count(doc))
 
-    def _tags_of(self, arn: str) -> dict[str, str]:
+    def fresh_tags(self, job: Job) -> dict[str, str]:
+        """The job's tags read now, never from the cache (lambdas/trust.py asks just
+        before a stop: a protect tag added since the listing is honoured)."""
+        doc = self.clients.sagemaker.describe_training_job(TrainingJobName=job.id)
+        return self._tags_of(doc["TrainingJobArn"], cached_ok=False)
+
+    def _tags_of(self, arn: str, cached_ok: bool = True) -> dict[str, str]:
         cached = self._tags.get(arn)
         now = self.clock()
-        if cached is not None and now - cached[0] < self.tags_ttl_s:
+        if cached_ok and cached is not None and now - cached[0] < self.tags_ttl_s:
             return cached[1]
         tags: dict[str, str] = {}
         for page in self.clients.sagemaker.get_paginator("list_tags").paginate(ResourceArn=arn):

@@ -30,7 +30,7 @@ from azure.core.pipeline.policies import (
 from azure.core.rest import HttpRequest
 
 from checker.model import Action, Severity
-from lambdas.message import render
+from lambdas.message import chat_text, render
 from lambdas.tick import AlarmEvent, TickReport
 
 METRIC_NAMESPACE = "trainguard"
@@ -130,8 +130,11 @@ class WebhookSink:
         if Severity(event.memory.severity).rank < self.min_rank:
             return
         message = render(event, self.dry_run)
-        body = {"text": f"{message.subject}\n\n{message.text}", "subject": message.subject,
-                "fields": message.fields, "event": _plain(event.to_dict())}
+        # Slack and Teams read ``text`` as markup: a job's own words must stay words.
+        body = {"text": chat_text(f"{message.subject}\n\n{message.text}"),
+                "subject": chat_text(message.subject),
+                "fields": {k: chat_text(v) for k, v in message.fields.items()},
+                "event": _plain(event.to_dict())}
         _post(self._client, self.url, body, "webhook", self.timeout)
 
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
+from adapters.safe_http import opener, require_https
 from checker.model import Severity
-from lambdas.message import render
+from lambdas.message import chat_text, render
 from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport
 
 log = logging.getLogger("trainguard.k8s")
@@ -92,7 +93,10 @@ class AlertmanagerSink:
             except OSError as e:
                 raise ValueError(f"alertmanager token file {token_file}: {e}") from e
             self.headers["Authorization"] = f"Bearer {token}"
+        # The token can suspend jobs: https only, and no redirect may carry it elsewhere.
+        require_https(self.url, self.headers, "alertmanager")
         self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._opener = opener(self.context)
         self.posted: list[dict[str, Any]] = []  # every alert posted, for the run's summary
         self.failed: list[AlarmEvent] = []  # events Alertmanager did not take
 
@@ -100,10 +104,11 @@ class AlertmanagerSink:
         """The alerts one event posts: the alert itself (firing, or ended on a resolve),
         and, when a finding got worse, the end of its alerts at lower severities."""
         msg = render(event, self.dry_run)
-        annotations = {"summary": msg.subject, "description": msg.text}
+        # Alertmanager's Slack and Teams receivers put annotations into markup unescaped.
+        annotations = {"summary": chat_text(msg.subject), "description": chat_text(msg.text)}
         for key in ("action", "burnt_usd", "projected_usd", "console_url", "what"):
             if msg.fields.get(key):
-                annotations[key] = msg.fields[key]
+                annotations[key] = chat_text(msg.fields[key])
         # Alertmanager ignores an end still in its future when the alert fires with a later
         # one: an end is put at least a minute in the past (clocks drift) but never before
         # the alert started.
@@ -140,12 +145,13 @@ class AlertmanagerSink:
             request = urllib.request.Request(self.url, data=body, headers=self.headers,
                                              method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout,
-                                            context=self.context) as response:
+                with self._opener.open(request, timeout=self.timeout) as response:
                     response.read()
                     return
             except urllib.error.HTTPError as e:
                 detail = e.read()[:300].decode(errors="replace")
+                if 300 <= e.code < 400:
+                    detail = f"redirect to {e.headers.get('Location')!r} not followed"
                 if e.code not in RETRY_STATUSES or attempt == self.retries:
                     raise AlertmanagerError(f"POST {self.url}: HTTP {e.code}: {detail}") from e
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
