@@ -11,9 +11,9 @@ audit record survive any single failure of the store, a sink or the process:
    alarms to say go into the job's ``outbox``, records to log into its ``audit_outbox``,
    stops into its ``stop`` intent (with the attempt claimed);
 4. save the memories that changed, each compare-and-set on the version this tick read. A
-   tick that loses that race to an overlapping one says so (``report.conflict``) and
-   stops, says and logs nothing: the other tick owns those decisions. Any other store
-   failure here raises ``StateStoreError`` before any stop is made;
+   tick that loses that race to an overlapping one says so (it raises ``StateConflict``)
+   and stops, says and logs nothing: the other tick owns those decisions. Any other
+   store failure here raises ``StateStoreError``; either way before any stop is made;
 5. make the stops. An intent not confirmed (the process died, the store failed after the
    call) is retried on a later tick: a job its source lists as stopping or ended counts
    as done, an attempt younger than ``STOP_LEASE_S`` belongs to a tick still making it,
@@ -120,7 +120,6 @@ class TickReport:
     sink_errors: list[str] = field(default_factory=list)
     store_errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    conflict: str | None = None  # this tick lost the race to an overlapping one
     writes: int = 0  # job memories written or deleted
 
     @property
@@ -135,7 +134,7 @@ class TickReport:
             "events": [e.to_dict() for e in self.events],
             "audit": [a.to_dict() for a in self.audit],
             "sink_errors": self.sink_errors, "store_errors": self.store_errors,
-            "warnings": self.warnings, "conflict": self.conflict,
+            "warnings": self.warnings,
         }
 
 
@@ -216,13 +215,12 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
     try:
         _write(store, memories, stored, report, now, "save job memory")
     except StateConflict as e:
-        report.conflict = (f"another tick changed the state first ({e}); this tick stops, "
-                           "alarms and logs nothing: the other one owns those decisions")
-        report.warnings.append(report.conflict)
-        log.warning("%s", report.conflict)
-        return report
+        raise StateConflict(f"this tick lost the race to an overlapping one and stops, "
+                            f"alarms and logs nothing (the other owns those decisions): {e}"
+                            ) from e
 
     stopped = _carry_out(to_stop, policy, report, now)
+    _snapshot(seen, now)  # the alarms say what the stops did
     for s in seen.values():
         if s.key in stopped:
             for a in s.memory.outbox:

@@ -60,11 +60,11 @@ SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 BUDGET_UNITS = {"day": "DAILY", "month": "MONTHLY"}  # AWS Budgets has no weekly budget
 TTL_ATTRIBUTE = "expires_at"  # what lambdas/aws/dynamodb_state.py and the idempotency write
 #: the calls lambdas/aws/dynamodb_state.py and powertools' idempotency layer make on the
-#: table: GetItem, PutItem, UpdateItem, DeleteItem, Query, and TransactWriteItems of Puts
-#: (IAM checks a transaction's items against their own actions: PutItem). No Scan, no
-#: batch calls, no ConditionCheck items.
+#: table: GetItem, PutItem, UpdateItem, DeleteItem, Query, BatchWriteItem (audit records,
+#: 25 a call), and TransactWriteItems of Puts (IAM checks a transaction's items against
+#: their own actions: PutItem). No Scan, no ConditionCheck items.
 STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                 "dynamodb:DeleteItem", "dynamodb:Query")
+                 "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:BatchWriteItem")
 
 
 def alarm_period(interval_minutes: int) -> int:

@@ -42,11 +42,12 @@ from tests.test_tick import (  # noqa: F401
     FakeSource,
     make_job,
     policy,
+    test_a_failing_stop_is_retried_then_given_up_with_an_alarm,
+    test_an_unconfirmed_stop_is_retried_next_tick,
     test_cap_holds_when_every_job_looks_bad_most_expensive_critical_first,
-    test_crash_between_intent_and_done_never_stops_twice,
+    test_crash_between_intent_and_done_is_confirmed_not_stopped_twice,
     test_dedup_one_raise_reminders_then_one_resolve,
     test_dry_run_never_stops_but_audits_would_stop_once,
-    test_failed_stop_is_audited_and_not_retried,
     test_persistence_needs_consecutive_ticks,
     test_protect_tag,
 )
@@ -161,7 +162,8 @@ class Fleet:
 
 POLICY = """
 name: aws-test
-safety: {{dry_run: {dry_run}, max_stops_per_tick: {cap}, persist_ticks: {persist}}}
+safety: {{dry_run: {dry_run}, max_stops_per_tick: {cap}, persist_ticks: {persist},
+          trusted_signals: [metrics, logs]}}
 cost: {{prices: {{ml.p4d.24xlarge: 37.5}}}}
 rules:
   logs: {{actions: {{critical: stop}}}}

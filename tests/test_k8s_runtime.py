@@ -43,6 +43,7 @@ from lambdas.state import (
     AuditRecord,
     FindingMemory,
     JobMemory,
+    StateConflict,
     StateStore,
     StateStoreError,
     StopRecord,
@@ -52,11 +53,12 @@ from tests.k8s_configmap import ConfigMapReplay
 from tests.k8s_replay import RECORDINGS, serve
 from tests.servers import alertmanager, free_port
 from tests.test_tick import (  # noqa: F401  (collected here, on the ConfigMap store)
+    test_a_failing_stop_is_retried_then_given_up_with_an_alarm,
+    test_an_unconfirmed_stop_is_retried_next_tick,
     test_cap_holds_when_every_job_looks_bad_most_expensive_critical_first,
-    test_crash_between_intent_and_done_never_stops_twice,
+    test_crash_between_intent_and_done_is_confirmed_not_stopped_twice,
     test_dedup_one_raise_reminders_then_one_resolve,
     test_dry_run_never_stops_but_audits_would_stop_once,
-    test_failed_stop_is_audited_and_not_retried,
     test_failing_source_is_reported_and_others_proceed,
     test_jobs_already_stopping_are_not_stopped,
     test_persistence_needs_consecutive_ticks,
@@ -158,13 +160,13 @@ def test_a_conflict_elsewhere_is_merged_and_retried(cm: ConfigMapReplay) -> None
     assert set(ConfigMapStore.from_ref(core_for(cm), cm.ref).load_all()) == {"job-a", "job-b"}
 
 
-def test_a_conflicting_stop_record_fails_the_write(cm: ConfigMapReplay) -> None:
+def test_a_conflicting_memory_fails_the_write(cm: ConfigMapReplay) -> None:
     a = ConfigMapStore.from_ref(core_for(cm), cm.ref)
     b = ConfigMapStore.from_ref(core_for(cm), cm.ref)
     a.load_all()
     b.load_all()
     a.save([memory("j", StopRecord("f", "diverged", intent_at=100.0))])
-    with pytest.raises(StateStoreError, match="another watchdog changed the stop record of j"):
+    with pytest.raises(StateConflict, match="another watchdog changed the memory of j"):
         b.save([memory("j", StopRecord("f", "diverged", intent_at=101.0))])
     assert json.loads(cm.data[data_key("j")])["stop"]["intent_at"] == 100.0
 

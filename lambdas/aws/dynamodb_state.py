@@ -7,15 +7,19 @@ Items, by partition:
 * ``job`` / job_key: one ``JobMemory`` as JSON, with a ``version`` number. Every write is
   conditional on the version this store read, so two invocations that both decided to
   stop a job cannot both record (and so make) the stop: the second write fails with
-  ``StateConflict`` and that tick stops nothing. New stop intents are written last, in
-  one transaction: all of them or none.
-* ``audit`` / time#seq#id: one ``AuditRecord`` each, expiring after ``audit_ttl_s``.
+  ``StateConflict`` and that tick stops nothing. Memories are written in transactions of
+  up to 100 (``TransactWriteItems``), new stop intents last: a conflict anywhere before
+  means no new intent is stored. A job key longer than a sort key may be (1,024 bytes)
+  is cut and hashed (``fit_key``); the full key stays in the memory's JSON.
+* ``audit`` / time#id: one ``AuditRecord`` each, expiring after ``audit_ttl_s``, written
+  in ``BatchWriteItem`` batches of 25. The sort key comes from the record's id, so a
+  record written twice (a retry after a failure) is one item.
 * ``event`` / job name: the newest "SageMaker Training Job State Change" event for a job
   since the last tick (an older event arriving late never replaces a newer one).
 * ``logs`` / job name: failure lines a CloudWatch Logs subscription delivered, and which
   critical signatures were already alarmed on at once.
 
-The table's IAM policy grants item and query calls only (no Scan, no BatchWriteItem).
+The table's IAM policy grants item, batch-write and query calls only (no Scan).
 """
 
 from __future__ import annotations
@@ -23,26 +27,27 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lambdas.state import AuditRecord, JobMemory, StateStoreError
+from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError, fit_key
 
 JOB, AUDIT, EVENT, LOGS = "job", "audit", "event", "logs"
 AUDIT_TTL_S = 90 * 86400.0
 PENDING_TTL_S = 2 * 86400.0  # left-over events and log lines: long after any tick used them
 MAX_LINES = 50  # log lines kept per job between ticks
 TRANSACTION_MAX = 100  # items in one TransactWriteItems
+BATCH_MAX = 25  # items in one BatchWriteItem
+KEY_MAX = 1024  # bytes in a sort key
+BATCH_TRIES = 5  # BatchWriteItem calls for the items DynamoDB left unprocessed
 
 T = TypeVar("T")
 
 
-class StateConflict(StateStoreError):
-    """Another invocation changed an item since this one read it."""
+__all__ = ["DynamoDBStore", "PendingEvent", "PendingLogs", "StateConflict", "create_table"]
 
 
 @dataclass
@@ -76,7 +81,6 @@ class DynamoDBStore:
         self.audit_ttl_s = audit_ttl_s
         self.clock = clock
         self._versions: dict[str, int] = {}  # job_key -> version last read or written
-        self._seq = 0
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -109,10 +113,12 @@ class DynamoDBStore:
 
     def load_all(self) -> dict[str, JobMemory]:
         out: dict[str, JobMemory] = {}
+        versions: dict[str, int] = {}
         for item in self._query(JOB, "read job memory"):
-            key = item["sk"]["S"]
-            out[key] = JobMemory.from_json(item["data"]["S"])
-            self._versions[key] = int(item["version"]["N"])
+            memory = JobMemory.from_json(item["data"]["S"])
+            out[memory.job_key] = memory
+            versions[memory.job_key] = int(item["version"]["N"])
+        self._versions = versions
         return out
 
     def _put_job(self, m: JobMemory) -> dict[str, Any]:
@@ -120,7 +126,8 @@ class DynamoDBStore:
         known = self._versions.get(m.job_key)
         put: dict[str, Any] = {
             "TableName": self.table,
-            "Item": {"pk": {"S": JOB}, "sk": {"S": m.job_key}, "data": {"S": m.to_json()},
+            "Item": {"pk": {"S": JOB}, "sk": {"S": fit_key(m.job_key, KEY_MAX)},
+                     "data": {"S": m.to_json()},
                      "version": {"N": str((known or 0) + 1)},
                      "last_seen": {"N": repr(m.last_seen)}},
         }
@@ -133,31 +140,33 @@ class DynamoDBStore:
         return put
 
     def save(self, memories: list[JobMemory]) -> None:
-        # A memory with a stop intent not yet carried out goes last and atomically, after
-        # every other write succeeded: a conflict anywhere means no new intent is stored.
-        intents = [m for m in memories if m.stop is not None and m.stop.done_at is None]
-        for m in memories:
-            if m in intents:
-                continue
-            put = self._put_job(m)
-            self._call(f"save job memory {m.job_key}",
-                       lambda p=put: self.client.put_item(**p))  # type: ignore[misc]
-            self._versions[m.job_key] = self._versions.get(m.job_key, 0) + 1
-        for i in range(0, len(intents), TRANSACTION_MAX):
-            chunk = intents[i:i + TRANSACTION_MAX]
+        # A memory with a stop intent not yet carried out goes last, after every other
+        # write succeeded: a conflict anywhere means no new intent is stored.
+        latest = list({m.job_key: m for m in memories}.values())
+        intents = [m for m in latest if m.stop is not None and m.stop.done_at is None]
+        others = [m for m in latest if m not in intents]
+        for group in (others, intents):
+            for i in range(0, len(group), TRANSACTION_MAX):
+                self._transact(group[i:i + TRANSACTION_MAX])
+
+    def _transact(self, chunk: list[JobMemory]) -> None:
+        keys = ", ".join(m.job_key for m in chunk[:3]) + (" ..." if len(chunk) > 3 else "")
+        if len(chunk) == 1:  # one item: a plain conditional put is the cheaper call
+            put = self._put_job(chunk[0])
+            self._call(f"save job memory {keys}", lambda: self.client.put_item(**put))
+        else:
             items = [{"Put": self._put_job(m)} for m in chunk]
-            keys = ", ".join(m.job_key for m in chunk)
-            self._call(f"record stop intents for {keys}",
-                       lambda it=items: self.client.transact_write_items(  # type: ignore[misc]
-                           TransactItems=it))
-            for m in chunk:
-                self._versions[m.job_key] = self._versions.get(m.job_key, 0) + 1
+            self._call(f"save job memory {keys}",
+                       lambda: self.client.transact_write_items(TransactItems=items))
+        for m in chunk:
+            self._versions[m.job_key] = self._versions.get(m.job_key, 0) + 1
 
     def delete(self, job_keys: list[str]) -> None:
         for key in job_keys:
             known = self._versions.get(key)
             kwargs: dict[str, Any] = {"TableName": self.table,
-                                      "Key": {"pk": {"S": JOB}, "sk": {"S": key}}}
+                                      "Key": {"pk": {"S": JOB},
+                                              "sk": {"S": fit_key(key, KEY_MAX)}}}
             if known is not None:
                 kwargs["ConditionExpression"] = "attribute_not_exists(pk) OR #v = :v"
                 kwargs["ExpressionAttributeNames"] = {"#v": "version"}
@@ -167,15 +176,28 @@ class DynamoDBStore:
             self._versions.pop(key, None)
 
     def append_audit(self, records: list[AuditRecord]) -> None:
-        for r in records:
-            self._seq += 1
-            sk = f"{r.time:017.6f}#{self._seq:08d}#{uuid.uuid4().hex[:12]}"
-            item = {"pk": {"S": AUDIT}, "sk": {"S": sk}, "job_key": {"S": r.job_key},
-                    "action": {"S": r.action.value}, "data": {"S": json.dumps(r.to_dict())},
-                    "expires_at": {"N": str(int(r.time + self.audit_ttl_s))}}
-            self._call(f"append to the audit log ({r.action.value} {r.job_key})",
-                       lambda i=item: self.client.put_item(  # type: ignore[misc]
-                           TableName=self.table, Item=i))
+        items = {}
+        for r in records:  # the record's id makes its key: written twice, one item
+            sk = fit_key(f"{r.time:017.6f}#{r.id}", KEY_MAX)
+            items[sk] = {"PutRequest": {"Item": {
+                "pk": {"S": AUDIT}, "sk": {"S": sk}, "job_key": {"S": r.job_key},
+                "action": {"S": r.action.value}, "data": {"S": json.dumps(r.to_dict())},
+                "expires_at": {"N": str(int(r.time + self.audit_ttl_s))}}}}
+        requests = list(items.values())
+        for i in range(0, len(requests), BATCH_MAX):
+            self._batch(requests[i:i + BATCH_MAX])
+
+    def _batch(self, requests: list[dict[str, Any]]) -> None:
+        left = requests
+        for attempt in range(BATCH_TRIES):
+            page = self._call("append to the audit log", lambda: self.client.batch_write_item(
+                RequestItems={self.table: left}))  # noqa: B023
+            left = page.get("UnprocessedItems", {}).get(self.table, [])
+            if not left:
+                return
+            time.sleep(0.05 * 2 ** attempt)  # throttled: back off, then the rest again
+        raise StateStoreError(f"DynamoDB table {self.table}: cannot append to the audit log: "
+                              f"{len(left)} records still unprocessed after {BATCH_TRIES} tries")
 
     def audit_log(self, job_key: str | None = None) -> list[AuditRecord]:
         items = self._query(AUDIT, "read the audit log")
@@ -248,7 +270,7 @@ class DynamoDBStore:
 
     def load_job(self, job_key: str) -> JobMemory | None:
         item = self._call(f"read job memory {job_key}", lambda: self.client.get_item(
-            TableName=self.table, Key={"pk": {"S": JOB}, "sk": {"S": job_key}},
+            TableName=self.table, Key={"pk": {"S": JOB}, "sk": {"S": fit_key(job_key, KEY_MAX)}},
             ConsistentRead=True)).get("Item")
         if item is None:
             return None

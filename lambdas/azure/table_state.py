@@ -5,9 +5,13 @@ One table holds two kinds of entity:
 - job memory: PartitionKey ``job``, RowKey the job key (escaped: RowKeys may not hold
   ``/ \\ # ?``), the ``JobMemory`` JSON in ``data`` (split over ``data1``, ``data2``... when
   longer than a string property may be);
-- audit records: PartitionKey ``audit``, RowKey the write time in ns with a sequence (so
-  they list oldest first), the ``AuditRecord`` JSON in ``data`` and ``job_key``, ``action``
-  and ``rule`` beside it for filtering in Storage Explorer.
+- audit records: PartitionKey ``audit``, RowKey the record's time and id (so they list
+  oldest first, and a record written twice, a retry after a failure, is one entity: it
+  is upserted), the ``AuditRecord`` JSON in ``data`` and ``job_key``, ``action`` and
+  ``rule`` beside it for filtering in Storage Explorer.
+
+A key longer than a RowKey may be (1 KiB) is cut and hashed; the full key stays in the
+entity's ``job_key`` and in the memory's JSON.
 
 Optimistic concurrency keeps two overlapping runs (a past-due timer beside a fresh one,
 two slots) from both stopping a job: every memory is written with the ETag this store
@@ -20,10 +24,9 @@ owns the stop intent.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -38,11 +41,12 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from lambdas.state import AuditRecord, JobMemory, StateStoreError
+from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 JOB, AUDIT = "job", "audit"
 BATCH = 100  # operations per Table transaction (the service's limit)
 CHUNK = 30_000  # characters per string property (the limit is 64 KiB of UTF-16)
+KEY_MAX = 1000  # characters in a RowKey (the service's limit is 1 KiB)
 #: Not allowed in a PartitionKey or RowKey; ``%`` is escaped too so the escape reverses.
 _UNSAFE = re.compile(r"[/\\#?%\x00-\x1f\x7f-\x9f]")
 #: Status codes that mean "another writer got there first".
@@ -52,7 +56,12 @@ T = TypeVar("T")
 
 
 def row_key(job_key: str) -> str:
-    return _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", job_key)
+    """``job_key`` escaped for a RowKey; cut and hashed when longer than one may be."""
+    escaped = _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", job_key)
+    if len(escaped) <= KEY_MAX:
+        return escaped
+    digest = hashlib.sha256(job_key.encode()).hexdigest()
+    return f"{escaped[:KEY_MAX - len(digest) - 1]}~{digest}"
 
 
 class TableStore:
@@ -63,7 +72,6 @@ class TableStore:
         self.client = client
         self.where = f"{client.url.rstrip('/')}/{client.table_name}"
         self._etags: dict[str, str] = {}  # job key -> ETag last read or written here
-        self._seq = 0
         if create:
             self._call("create the table", self._create)
 
@@ -152,14 +160,14 @@ class TableStore:
             self._call(f"delete job memory {key!r}", one)
 
     def append_audit(self, records: list[AuditRecord]) -> None:
-        ops = []
-        for r in records:
-            self._seq += 1
-            entity = {"PartitionKey": AUDIT,
-                      "RowKey": f"{time.time_ns():020d}-{self._seq:08d}-{uuid.uuid4().hex[:8]}",
+        by_key: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        for r in records:  # one operation per entity in a batch
+            rk = row_key(f"{r.time:017.6f}-{r.id}")
+            entity = {"PartitionKey": AUDIT, "RowKey": rk,
                       "job_key": r.job_key, "action": r.action.value, "rule": r.rule,
                       "time": r.time, "data": json.dumps(r.to_dict())}
-            ops.append((r.job_key, ("create", entity)))
+            by_key[rk] = (r.job_key, ("upsert", entity, {"mode": UpdateMode.REPLACE}))
+        ops = list(by_key.values())
         for i in range(0, len(ops), BATCH):
             self._transaction("append to the audit log", ops[i:i + BATCH])
 
@@ -201,11 +209,11 @@ class TableStore:
 
         return self._call(what, submit)
 
-    def _conflict(self, key: str, e: HttpResponseError) -> StateStoreError | None:
+    def _conflict(self, key: str, e: HttpResponseError) -> StateConflict | None:
         how = _CONFLICT.get(e.status_code or 0)
         if how is None:
             return None
-        return StateStoreError(
+        return StateConflict(
             f"state table {self.where}: the memory of job {key!r} {how} by another watchdog "
             f"run since this run read it (ETag conflict, HTTP {e.status_code}); nothing of "
             "this run was saved and it makes no stop")

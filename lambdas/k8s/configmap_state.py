@@ -5,12 +5,16 @@ recent audit records under ``audit.jsonl``.
 Every write is a full ``PUT`` carrying the ``resourceVersion`` last read (RBAC grants
 only ``get`` and ``update`` on this one object). When another writer got there first the
 API server answers 409; the store reads the ConfigMap again and retries with its own
-keys laid over the fresh data, except when the other writer changed a job's stop
-record: then two ticks are deciding to stop the same job, and this one fails with
-``StateStoreError`` so that it makes no stop (the tick never stops after a store error).
+keys laid over the fresh data, unless the other writer changed one of the very job
+memories this write carries: then two ticks are deciding about the same job, and this
+one fails with ``StateConflict`` so that it stops, says and logs nothing.
 
-A ConfigMap holds at most 1 MiB, so only the last ``audit_keep`` audit records stay
-here; the CronJob also writes every record to its log, which cluster logging keeps.
+A ConfigMap holds at most 1 MiB. Only jobs with something to remember have a key (a
+finding, a stop, an alarm or record not yet delivered), so thousands of healthy jobs
+cost nothing; only the last ``audit_keep`` audit records stay here (the CronJob also
+writes every record to its log, which cluster logging keeps). When the job memories
+alone would pass the limit the write fails with ``StateStoreFull``, which says which
+store to use instead; the CronJob raises it as an alarm (lambdas/k8s/cronjob.py).
 """
 
 from __future__ import annotations
@@ -24,12 +28,18 @@ from typing import Any
 from kubernetes import client
 
 from adapters.kubeflow.client import describe
-from lambdas.state import AuditRecord, JobMemory, StateStoreError
+from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 AUDIT_KEY = "audit.jsonl"
 JOB_PREFIX = "job."
 MAX_BYTES = 1_000_000  # the API server refuses objects over 1 MiB (etcd's limit)
 _UNSAFE = re.compile(r"[^-._a-zA-Z0-9]")
+FULL_ADVICE = ("keep the state in SQLite on a persistent volume instead (the CronJob's "
+               "TRAINGUARD_STATE_SQLITE=/PATH), or watch fewer jobs per deployment")
+
+
+class StateStoreFull(StateStoreError):
+    """The ConfigMap cannot hold the job memories: a store with room is needed."""
 
 
 def data_key(job_key: str) -> str:
@@ -112,32 +122,38 @@ class ConfigMapStore:
         def change(data: dict[str, str]) -> None:
             data.update({k: m.to_json() for k, m in ours.items()})
 
+        self._write("save job memory", change, self._check(ours))
+
+    def _check(self, ours: dict[str, Any]) -> Callable[[dict[str, str], dict[str, str]], None]:
+        """After a 409: fail if the other writer changed any job memory this write
+        carries (it decided about the same job); other keys are merged."""
         def check(before: dict[str, str], fresh: dict[str, str]) -> None:
             for key, m in ours.items():
-                if fresh.get(key) != before.get(key) and _stop(fresh.get(key)) != _stop(
-                        before.get(key)):
-                    raise StateStoreError(
-                        f"{self.where}: another watchdog changed the stop record of "
-                        f"{m.job_key} since this tick read it (resourceVersion conflict); "
-                        "this tick makes no stop")
-
-        self._write("save job memory", change, check)
+                if fresh.get(key) != before.get(key):
+                    who = m.job_key if isinstance(m, JobMemory) else m
+                    raise StateConflict(
+                        f"{self.where}: another watchdog changed the memory of {who} "
+                        "since this tick read it (resourceVersion conflict); nothing of "
+                        "this write was saved")
+        return check
 
     def delete(self, job_keys: list[str]) -> None:
-        keys = [data_key(k) for k in job_keys]
+        keys = {data_key(k): k for k in job_keys}
 
         def change(data: dict[str, str]) -> None:
             for k in keys:
                 data.pop(k, None)
 
         if job_keys:
-            self._write("delete job memory", change)
+            self._write("delete job memory", change, self._check(keys))
 
     def append_audit(self, records: list[AuditRecord]) -> None:
-        lines = [json.dumps(r.to_dict(), sort_keys=True) for r in records]
+        lines = {r.id: json.dumps(r.to_dict(), sort_keys=True) for r in records}
 
         def change(data: dict[str, str]) -> None:
-            kept = data.get(AUDIT_KEY, "").splitlines() + lines
+            old = data.get(AUDIT_KEY, "").splitlines()
+            logged = {_record_id(line) for line in old}  # written twice: kept once
+            kept = old + [line for rid, line in lines.items() if rid not in logged]
             data[AUDIT_KEY] = "".join(f"{line}\n" for line in kept[-self.audit_keep:])
 
         if records:
@@ -152,9 +168,12 @@ class ConfigMapStore:
             change(data)
             size = sum(len(k) + len(v.encode()) for k, v in data.items())
             if size > MAX_BYTES:
-                raise StateStoreError(
-                    f"{self.where}: cannot {what}: the data would be {size} bytes, over the "
-                    f"API server's 1 MiB; lower audit_keep or keep state in SQLite on a volume")
+                audit = len(data.get(AUDIT_KEY, "").encode())
+                jobs = sum(1 for k in data if k.startswith(JOB_PREFIX))
+                raise StateStoreFull(
+                    f"{self.where} is full: {what} would make it {size} bytes ({jobs} job "
+                    f"memories, {audit} bytes of audit records), over the API server's "
+                    f"1 MiB; {FULL_ADVICE}")
             body: Any = {**self._obj, "data": data}  # the whole object: labels stay
             try:
                 resp: Any = self.core.replace_namespaced_config_map(
@@ -178,11 +197,9 @@ class ConfigMapStore:
                               f"writers after {self.attempts} attempts")
 
 
-def _stop(text: str | None) -> Any:
-    """The stop record in a stored job memory (None when absent or unreadable)."""
-    if text is None:
-        return None
+def _record_id(line: str) -> Any:
+    """The id of one logged audit record (None when it has none or is unreadable)."""
     try:
-        return json.loads(text).get("stop")
+        return json.loads(line).get("id")
     except (ValueError, AttributeError):
         return None
