@@ -34,12 +34,20 @@ from adapters.kubeflow import KubeflowAdapter
 from adapters.kubeflow import from_options as kubeflow_from_options
 from adapters.kubeflow.prometheus_hook import PrometheusHook
 from adapters.prometheus import Metrics, client_from_options, load_mapping
+from checker.model import Severity
 from checker.policy import Policy
-from lambdas.k8s.configmap_state import ConfigMapStore
+from lambdas.k8s.configmap_state import ConfigMapStore, StateStoreFull
 from lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
 from lambdas.sqlite_state import SQLiteStore
-from lambdas.state import StateStore, StateStoreError
-from lambdas.tick import REMIND_EVERY_S, AlarmSink, TickReport, effective_policy, tick
+from lambdas.state import FindingMemory, StateStore, StateStoreError
+from lambdas.tick import (
+    REMIND_EVERY_S,
+    AlarmEvent,
+    AlarmSink,
+    TickReport,
+    effective_policy,
+    tick,
+)
 from trainguard.policy import PolicyError, default_policy, load_policy
 
 log = logging.getLogger("trainguard.k8s")
@@ -218,11 +226,28 @@ def run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
             runtime.store.close()
 
 
+def _store_full_alarm(runtime: Runtime, why: str, now: float) -> None:
+    """A full ConfigMap blinds the watchdog: say so, loudly, where alarms go, each tick."""
+    fm = FindingMemory("trainguard/state_store_full", "state_store_full",
+                       Severity.CRITICAL.value, why, now, now)
+    event = AlarmEvent("raise", None, None, "trainguard", "trainguard:state:store", now,
+                       now, 1, fm)
+    for sink in runtime.sinks:
+        try:
+            sink.send(event)
+        except Exception as e:  # the log line above still says it
+            log.error("cannot raise the state-store-full alarm: %s", e)
+
+
 def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
     started = time.monotonic()
     try:
         report = tick([runtime.adapter], runtime.policy, runtime.store, runtime.sinks, now,
                       remind_every_s=runtime.opts.get("remind_every", REMIND_EVERY_S))
+    except StateStoreFull as e:
+        log.error("state store full, no stop was made: %s", e)
+        _store_full_alarm(runtime, str(e), now)
+        return STORE_DOWN, None
     except StateStoreError as e:
         log.error("state store failed, no stop was made: %s", e)
         return STORE_DOWN, None
