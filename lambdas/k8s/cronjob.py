@@ -112,6 +112,7 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
                              "{id} (default {name})"),
     "prometheus_token_file": (_text, "bearer token file for Prometheus"),
     "prometheus_ca_file": (_text, "CA bundle for Prometheus's TLS"),
+    "prometheus_tenancy": (_flag, "true when prometheus_url is a namespaced (tenancy) port"),
     "alertmanager_url": (_text, "Alertmanager URL (alerts go to /api/v2/alerts)"),
     "alertmanager_token_file": (_text, "bearer token file for Alertmanager"),
     "alertmanager_ca_file": (_text, "CA bundle for Alertmanager's TLS"),
@@ -191,7 +192,8 @@ def build(opts: Options, now: float) -> Runtime:
     adapter = kubeflow_from_options({k: str(v) for k, v in kube_opts.items() if v is not None})
     if opts.get("prometheus_url"):
         prom = {"url": opts.get("prometheus_url"), "token_file": opts.get("prometheus_token_file"),
-                "ca_file": opts.get("prometheus_ca_file")}
+                "ca_file": opts.get("prometheus_ca_file"),
+                "tenancy": "true" if opts.get("prometheus_tenancy") else None}
         client = client_from_options({k: v for k, v in prom.items() if v})
         adapter.metrics = PrometheusHook(Metrics(client, load_mapping(
             opts.get("prometheus_mapping"))), opts.get("prometheus_id", "{name}"), now)
