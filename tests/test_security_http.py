@@ -111,7 +111,7 @@ def test_a_redirect_never_carries_the_prometheus_token(
             server(302, {"Location": f"{elsewhere}/api/v1/query"}, tls=tls) as (url, seen):
         client = client_from_options({"url": url, "token_file": str(token_file),
                                        "ca_file": str(ca), "retries": "0"})
-        with pytest.raises(PrometheusError, match="redirect .* not followed"):
+        with pytest.raises(PrometheusError, match=r"redirect .* not followed"):
             client.query("up")
     assert [auth for _, _, auth in seen.requests] == [f"Bearer {TOKEN}"]  # the server itself
     assert collected.requests == []  # before the fix: GET with the token, in the clear
