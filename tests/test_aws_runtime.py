@@ -518,6 +518,39 @@ def test_malformed_event_is_acknowledged_and_stops_nothing(
     assert "malformed event ignored" in caplog.text
 
 
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("LastModifiedTime", float("nan"), "detail.LastModifiedTime nan is not a finite time"),
+    ("LastModifiedTime", "NaN", "detail.LastModifiedTime 'NaN' is not a finite time"),
+    ("TrainingJobName", "x" * 10_000, "(10000 characters) is not a SageMaker training job"),
+])
+def test_a_malformed_state_change_is_acknowledged_and_the_next_tick_judges_every_job(
+        make_lambda: Any, field: str, value: Any, reason: str) -> None:
+    """The issue's cases: reported as malformed (not a store failure, so not retried),
+    nothing of it kept, and the next scheduled tick lists and judges every job."""
+    fn = make_lambda(["bad-a", "bad-b"])
+    event = state_change(Recordings(), "bad-a", "InProgress", "Training", 1_750_000_200_000)
+    event["detail"][field] = value
+    result = fn.invoke(event)
+    assert result["status"] == "ignored" and reason in result["reason"]
+    assert DynamoDBStore(client("dynamodb", fn.moto_url), fn.table).pending_events() == []
+    tick_result = fn.invoke(scheduled())
+    assert tick_result["jobs"] == {"sagemaker": 2}
+    assert fn.server.calls["DescribeTrainingJob"] == 2  # no kept event stood in for one
+
+
+def test_the_job_name_check_is_sagemakers_own() -> None:
+    """The route's copy of TrainingJobName's pattern and length is botocore's model."""
+    import botocore.session
+
+    from lambdas.aws.routes.state_change import JOB_NAME
+
+    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(
+        "TrainingJobName")
+    assert JOB_NAME.pattern == shape.metadata["pattern"]
+    assert shape.metadata["max"] == 63 and JOB_NAME.fullmatch("a" * 63)
+    assert not JOB_NAME.fullmatch("a" * 64)
+
+
 def test_recorded_malformed_event_is_acknowledged(make_lambda: Any) -> None:
     fn = make_lambda(["m-b"])
     assert fn.invoke(Recordings().event("event-malformed"))["status"] == "ignored"

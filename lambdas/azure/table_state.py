@@ -46,7 +46,7 @@ from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 JOB, AUDIT = "job", "audit"
 BATCH = 100  # operations per Table transaction (the service's limit)
 CHUNK = 30_000  # characters per string property (the limit is 64 KiB of UTF-16)
-KEY_MAX = 1000  # characters in a RowKey (the service's limit is 1 KiB)
+KEY_MAX = 500  # characters in a RowKey: the limit is 1 KiB, counted in UTF-16
 #: Not allowed in a PartitionKey or RowKey; ``%`` is escaped too so the escape reverses.
 _UNSAFE = re.compile(r"[/\\#?%\x00-\x1f\x7f-\x9f]")
 #: Status codes that mean "another writer got there first".
