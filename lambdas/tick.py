@@ -228,7 +228,7 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
                     a.stopped = True
     errors: list[StateStoreError] = []
     _log_audit(store, memories, report, errors)
-    _send(memories, seen, sinks, report)
+    send_outbox(memories, {s.key: (s.job, s.findings) for s in seen.values()}, sinks, report)
     try:
         _write(store, memories, stored, report, now, "mark stops, alarms and records done")
     except StateStoreError as e:
@@ -326,7 +326,7 @@ def _evaluate(listed: list[tuple[Source, Job]], policy: Policy, now: float,
 
 # --- findings and alarms --------------------------------------------------------------
 
-def _say(mem: JobMemory, kind: AlarmKind, fm: FindingMemory, now: float) -> None:
+def say(mem: JobMemory, kind: AlarmKind, fm: FindingMemory, now: float) -> None:
     """Write an alarm down in the job's outbox: it is said after the memory is saved."""
     mem.outbox.append(PendingAlarm(kind, mem.job_key, now, fm.first_seen, fm.consecutive,
                                    FindingMemory(**dataclasses.asdict(fm))))
@@ -396,11 +396,11 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
                 kind = "remind"
             if kind:
                 fm.alarmed_at, fm.alarmed_severity = now, f.severity.value
-                _say(s.memory, kind, fm, now)
+                say(s.memory, kind, fm, now)
         for fkey in [k for k in s.memory.findings if k not in present]:
             fm = s.memory.findings.pop(fkey)
             if fm.alarmed_at is not None:
-                _say(s.memory, "resolve", fm, now)
+                say(s.memory, "resolve", fm, now)
     # A job no healthy source lists any more has ended or gone: its findings resolve.
     # A job of a failing source is unknown this tick: its memory stays as it was.
     seen_keys = {s.key for s in seen.values()}
@@ -409,7 +409,7 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
             continue
         for fm in mem.findings.values():
             if fm.alarmed_at is not None:
-                _say(mem, "resolve", fm, now)
+                say(mem, "resolve", fm, now)
         mem.findings = {}
 
 
@@ -487,7 +487,7 @@ def _retry(s: _Seen, report: TickReport, now: float, protect_tag: str) -> bool:
         _stop_audit(report, s, AuditAction.STOP_FAILED, f"{stop.reason}; {why}")
         fm = FindingMemory(f"{s.job.id}/{STOP_FAILED_RULE}", STOP_FAILED_RULE,
                            Severity.CRITICAL.value, why, stop.intent_at, now, stop.attempts)
-        _say(s.memory, "raise", fm, now)
+        say(s.memory, "raise", fm, now)
         return False
     stop.attempts += 1
     stop.attempt_at = now
@@ -646,21 +646,22 @@ def _sink_names(sinks: Sequence[AlarmSink]) -> list[str]:
     return names
 
 
-def _send(memories: dict[str, JobMemory], seen: dict[str, _Seen],
-          sinks: Sequence[AlarmSink], report: TickReport) -> None:
-    """Every written-down alarm to every sink that has not taken it yet, oldest first."""
-    by_key = {s.key: s for s in seen.values()}
+def send_outbox(memories: dict[str, JobMemory], listed: dict[str, tuple[Job, list[Finding]]],
+                sinks: Sequence[AlarmSink], report: TickReport) -> None:
+    """Every written-down alarm to every sink that has not taken it yet, oldest first;
+    what a sink refuses stays in the outbox. ``listed``: job key -> the job and its
+    findings this tick. Save the memories afterwards to mark what was said."""
     names = _sink_names(sinks)
     for mem in memories.values():
         if not mem.outbox:
             continue
-        s = by_key.get(mem.job_key)
+        job, findings = listed.get(mem.job_key, (None, []))
         for pending in mem.outbox:
             finding = None
-            if s is not None and pending.kind != "resolve":
-                finding = next((f for f in s.findings if f.key == pending.memory.key), None)
+            if pending.kind != "resolve":
+                finding = next((f for f in findings if f.key == pending.memory.key), None)
             event = AlarmEvent(pending.kind, finding,  # type: ignore[arg-type]
-                               s.job if s else None, mem.source, mem.job_key, pending.time,
+                               job, mem.source, mem.job_key, pending.time,
                                pending.first_seen, pending.ticks, pending.memory,
                                pending.stopped, pending.id)
             report.events.append(event)

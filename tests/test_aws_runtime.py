@@ -502,6 +502,29 @@ def test_log_subscription_alarms_at_once_and_only_once(make_lambda: Any, moto_ur
     assert [a.action for a in fn.audit()] == [AuditAction.SKIP_PERSISTENCE]
 
 
+def test_a_log_alarm_no_sink_took_is_raised_by_the_next_tick(
+        make_lambda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SNS refusing the immediate log alarm (a wrapper refusing in front of the real
+    sink: the boundary is SNS being down): the claim is given back, so the next tick
+    raises the finding from the kept lines instead of counting it as said."""
+    from lambdas.aws.runtime import Runtime
+
+    fn = make_lambda(["logs-f"], persist=3)
+    real = Runtime.sinks
+
+    class Down:
+        def send(self, event: Any) -> None:
+            raise ConnectionError("SNS unreachable")
+
+    monkeypatch.setattr(Runtime, "sinks", lambda self: [Down()])
+    assert fn.invoke(logs_event("logs-f", [OOM]))["alarmed"] == []
+    assert fn.inbox.messages() == []
+    monkeypatch.setattr(Runtime, "sinks", real)
+    fn.invoke(scheduled())
+    assert [m["Subject"] for m in fn.inbox.messages()] == [
+        "[trainguard] CRITICAL: logs on logs-f"]
+
+
 @pytest.mark.parametrize("event", [
     {"hello": "world"},
     "not even an object",

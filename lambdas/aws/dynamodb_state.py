@@ -268,6 +268,18 @@ class DynamoDBStore:
             return False
         return True
 
+    def release_log_alarm(self, job_name: str, signature: str, at: float) -> None:
+        """Undo this caller's claim (its alarm reached no sink): the next tick, seeing no
+        claim, raises the finding itself."""
+        with contextlib.suppress(StateConflict):  # claimed again since: theirs now
+            self._call(f"release the {signature} alarm of {job_name}",
+                       lambda: self.client.update_item(
+                           TableName=self.table, Key={"pk": {"S": LOGS}, "sk": {"S": job_name}},
+                           UpdateExpression="REMOVE #a.#s",
+                           ConditionExpression="#a.#s = :at",
+                           ExpressionAttributeNames={"#a": "alarmed", "#s": signature},
+                           ExpressionAttributeValues={":at": {"N": repr(at)}}))
+
     def load_job(self, job_key: str) -> JobMemory | None:
         item = self._call(f"read job memory {job_key}", lambda: self.client.get_item(
             TableName=self.table, Key={"pk": {"S": JOB}, "sk": {"S": fit_key(job_key, KEY_MAX)}},

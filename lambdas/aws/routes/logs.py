@@ -116,7 +116,17 @@ def alarm_critical(rt: Runtime, job_name: str, scope: str, hits: list[Hit],
                            alarmed_at=now, alarmed_severity="critical",
                            last_decision=PENDING_TICK)
         alarm = AlarmEvent("raise", finding, job, source, key, now, now, 1, fm)
+        taken = 0
         for sink in rt.sinks():
-            sink.send(alarm)
+            try:
+                sink.send(alarm)
+                taken += 1
+            except Exception as e:  # the others still hear it
+                logger.error("alarm sink failed", extra={"reason": f"{type(e).__name__}: {e}"})
+        if rt.sinks() and not taken:
+            # No sink took it: give the claim back, so the next tick raises it (it reads
+            # these lines) rather than counting it as said.
+            rt.store.release_log_alarm(job_name, name, now)
+            continue
         sent.append(name)
     return sent

@@ -20,7 +20,7 @@ from checker.model import Job
 from lambdas.aws.routes.base import MalformedEvent, Route, register
 from lambdas.aws.runtime import Runtime
 from lambdas.aws.settings import SERVICE
-from lambdas.tick import AlarmEvent, job_key
+from lambdas.tick import TickReport, job_key, say, send_outbox
 
 logger = Logger(service=SERVICE)  # the handler's logger: powertools shares it by service
 
@@ -74,17 +74,21 @@ class StateChange(Route):
 
 
 def resolve_ended(rt: Runtime, job: Job, now: float) -> list[str]:
-    """A job that ended has nothing left to alarm on: resolve its open findings now."""
+    """A job that ended has nothing left to alarm on: resolve its open findings now,
+    written ahead like the tick's alarms (a sink that refuses one hears it next tick)."""
     key = job_key(rt.adapter.name, job)
     mem = rt.store.load_job(key)
     if mem is None or not mem.findings:
         return []
-    events = [AlarmEvent("resolve", None, job, rt.adapter.name, key, now, fm.first_seen,
-                         fm.consecutive, fm)
-              for fm in mem.findings.values() if fm.alarmed_at is not None]
+    resolved = [fm for fm in mem.findings.values() if fm.alarmed_at is not None]
+    for fm in resolved:
+        say(mem, "resolve", fm, now)
     mem.findings = {}
     rt.store.save([mem])  # conditional: a tick that changed it meanwhile wins, we raise
-    for sink in rt.sinks():
-        for e in events:
-            sink.send(e)
-    return [e.memory.key for e in events]
+    report = TickReport(time=now)
+    send_outbox({key: mem}, {key: (job, [])}, rt.sinks(), report)
+    for reason in report.sink_errors:
+        logger.error("alarm sink failed; the resolve is sent again next tick",
+                     extra={"reason": reason})
+    rt.store.save([mem])  # what was said is marked; the rest stays for the next tick
+    return [fm.key for fm in resolved]
