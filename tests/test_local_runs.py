@@ -229,3 +229,15 @@ def test_a_trainer_output_folder_is_one_run_from_its_latest_state(tmp_path: Path
     result = doc(run_cli("check", tmp_path, "--format", "json"))
     assert [r["id"] for r in result["runs"]] == ["out"]
     assert result["runs"][0]["verdict"] == "critical"  # the NaN is only in checkpoint-60
+
+
+def test_a_folder_with_tensorboard_runs_and_other_logs_finds_them_all(tmp_path: Path) -> None:
+    """A folder of runs is entered: the CSV log beside the TensorBoard runs is a run too."""
+    pytest.importorskip("tensorboard", reason="pip install 'trainguard[formats]'")
+    tb_run(tmp_path / "tb" / "a", {"train/loss": 2.0})
+    tb_run(tmp_path / "tb" / "b", {"train/loss": 2.0})
+    rows = "".join(f"{i},{2.0 - 0.01 * i}\n" for i in range(50))
+    (tmp_path / "keras.csv").write_text("epoch,loss\n" + rows)
+    out = doc(run_cli("check", tmp_path, "--format", "json"))
+    assert sorted((r["id"], r["format"]) for r in out["runs"]) == [
+        ("a", "tensorboard"), ("b", "tensorboard"), ("keras", "csv")]

@@ -270,7 +270,9 @@ PolicyOpt = Annotated[Path | None, typer.Option(
 MetricOpt = Annotated[list[str] | None, typer.Option(
     "--metric", metavar="NAME=REGEX",
     help="Extra metric definition for text logs (repeatable); the regex has one group.")]
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output: table or json.")]
+FormatOpt = Annotated[OutputFormat, typer.Option(
+    "--format", help="table (for people; full width in a pipe) or json (the machine form, "
+                     "schema trainguard.check/v1: docs/json-schema.md).")]
 SourceOpt = Annotated[str, typer.Option("--source", help="Where runs come from.")]
 PlotOpt = Annotated[Path | None, typer.Option(
     "--plot", metavar="FILE.png",

@@ -85,6 +85,17 @@ class TensorBoardReader(Reader):
             return any(True for _ in path.rglob(_PREFIX + "*"))
         return plain_name(path).startswith(_PREFIX)
 
+    def sniff(self, path: str | Path) -> bool:
+        """When a folder is searched, a folder is a run only if it holds event files (or
+        its Keras ``train/``/``validation/`` parts do): a folder of runs is entered, so the
+        other runs beside them (a CSV, a log) are found too."""
+        p = Path(path)
+        if not p.is_dir():
+            return self.matches_name(p)
+        return any(p.glob(_PREFIX + "*")) or any(
+            any(part.glob(_PREFIX + "*")) for part in p.iterdir()
+            if part.is_dir() and part.name.lower() in PART_FOLDERS)
+
     def default_id(self, path: Path) -> str:
         return path.name if path.is_dir() else path.parent.name or path.name
 
