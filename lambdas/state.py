@@ -100,6 +100,7 @@ class FindingMemory:
     alarmed_severity: str | None = None  # the severity last raised: a worse one raises again
     last_decision: str | None = None  # "action: reason" last audited, to audit changes only
     stop_since: float | None = None  # when the run of stop-asking ticks began
+    first_tick: int | None = None  # the tick clock when first seen: ``consecutive`` from it
     stop_counted_at: float | None = None  # the last tick counted in ``stop_ticks``
 
 
@@ -146,6 +147,7 @@ class JobMemory:
     stop: StopRecord | None = None
     outbox: list[PendingAlarm] = field(default_factory=list)  # alarms not yet said
     audit_outbox: list[AuditRecord] = field(default_factory=list)  # records not yet logged
+    ticks: int = 0  # on the tick clock's own memory only: the ticks saved so far
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -168,6 +170,7 @@ class JobMemory:
                 stop=StopRecord(**stop) if stop else None,
                 outbox=[PendingAlarm.from_dict(a) for a in data.get("outbox", [])],
                 audit_outbox=[AuditRecord.from_dict(r) for r in data.get("audit_outbox", [])],
+                ticks=int(data.get("ticks", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise StateStoreError(f"job memory {data.get('job_key')!r} is malformed: {e}") from e

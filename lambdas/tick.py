@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -65,6 +66,7 @@ STOP_LEASE_S = 30.0  # a stop attempt this recent is another tick's, still being
 INTERVAL_SLACK = 0.05  # a schedule may fire this fraction of an interval early
 MAX_ID_CHARS = 4096  # a longer job id is malformed (stores hash keys past their own limit)
 STOP_FAILED_RULE = "stop_failed"  # the alarm raised when the tick gives up on a stop
+CLOCK_KEY = "~tick-clock"  # the memory counting saved ticks (no job key starts with "~")
 
 
 class Source(Protocol):
@@ -193,7 +195,11 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
     report.findings = _evaluate(listed, policy, now, rules, report)
 
     memories = _store("load job memory", store.load_all)
-    stored = {k: m.to_json() for k, m in memories.items()}
+    # The tick clock: one small memory counting saved ticks, so a lasting finding's
+    # count of ticks is derived, not written on every tick.
+    clock = memories.pop(CLOCK_KEY, None) or JobMemory(CLOCK_KEY, "trainguard", CLOCK_KEY, now)
+    clock.ticks, clock.last_seen = clock.ticks + 1, now
+    stored = {k: _stable(m) for k, m in memories.items()}
     seen: dict[str, _Seen] = {}
     for source, job in listed:
         key = job_key(source.name, job)
@@ -207,13 +213,14 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
         if f.job_id in seen:
             seen[f.job_id].findings.append(f)
 
-    _update_findings(seen, memories, report, now, remind_every_s, interval_s)
+    _update_findings(seen, memories, report, now, remind_every_s, interval_s, clock.ticks,
+                     policy.safety.persist_ticks)
     to_stop = _decide_stops(list(seen.values()), policy, report, now, interval_s)
     _snapshot(seen, now)
 
     # Everything decided is written down before any stop is made or alarm said.
     try:
-        _write(store, memories, stored, report, now, "save job memory")
+        _write(store, memories, stored, report, now, "save job memory", clock)
     except StateConflict as e:
         raise StateConflict(f"this tick lost the race to an overlapping one and stops, "
                             f"alarms and logs nothing (the other owns those decisions): {e}"
@@ -342,10 +349,10 @@ def _snapshot(seen: dict[str, _Seen], now: float) -> None:
 
 
 def _count_stop_tick(fm: FindingMemory, asks: bool, now: float,
-                     interval_s: float | None) -> None:
+                     interval_s: float | None, needed: int) -> None:
     """Persistence counts ticks asking for a stop; with a known interval, a tick less than
     half an interval after the last one counted (a retried or duplicated invocation) does
-    not count again."""
+    not count again. The count stops at ``needed``: past it, nothing changes to write."""
     if not asks:
         fm.stop_ticks, fm.stop_since, fm.stop_counted_at = 0, None, None
         return
@@ -353,6 +360,8 @@ def _count_stop_tick(fm: FindingMemory, asks: bool, now: float,
         fm.stop_ticks, fm.stop_since, fm.stop_counted_at = 1, now, now
         return
     if interval_s and now - fm.stop_counted_at < interval_s / 2:
+        return
+    if fm.stop_ticks >= max(needed, 1):
         return
     fm.stop_ticks += 1
     fm.stop_counted_at = now
@@ -369,7 +378,7 @@ def _persisted(fm: FindingMemory, needed: int, now: float, interval_s: float | N
 
 def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
                      report: TickReport, now: float, remind_every_s: float,
-                     interval_s: float | None) -> None:
+                     interval_s: float | None, clock: int, needed: int) -> None:
     """Count each finding's consecutive ticks and write down raise / remind / resolve."""
     for s in seen.values():
         present: dict[str, Finding] = {}
@@ -379,14 +388,17 @@ def _update_findings(seen: dict[str, _Seen], memories: dict[str, JobMemory],
         for fkey, f in present.items():
             fm = s.memory.findings.get(fkey)
             if fm is None:
-                fm = FindingMemory(fkey, f.rule, f.severity.value, f.message, now, now, 1)
+                fm = FindingMemory(fkey, f.rule, f.severity.value, f.message, now, now, 1,
+                                   first_tick=clock)
                 s.memory.findings[fkey] = fm
             else:
-                fm.consecutive += 1
+                if fm.first_tick is None:  # remembered before the clock
+                    fm.first_tick = clock - fm.consecutive
+                fm.consecutive = clock - fm.first_tick + 1
                 fm.last_seen, fm.severity, fm.message = now, f.severity.value, f.message
             # Persistence counts the ticks the finding asked for a stop: a warning that
             # turns critical has not yet been seen critical N times.
-            _count_stop_tick(fm, f.action == Action.STOP, now, interval_s)
+            _count_stop_tick(fm, f.action == Action.STOP, now, interval_s, needed)
             if f.action == Action.NONE:
                 continue
             kind: AlarmKind | None = None
@@ -592,11 +604,24 @@ def _carry_out(to_stop: list[_Seen], policy: Policy, report: TickReport,
 
 # --- writing down and saying ---------------------------------------------------------
 
+#: What changes on every tick a finding lasts, derived again on the next tick (from the
+#: clock, ``now`` and the rule): written along when the memory is, never a reason to.
+_VOLATILE = ("consecutive", "last_seen", "message")
+
+
+def _stable(mem: JobMemory) -> str:
+    data = mem.to_dict()
+    for fm in data["findings"].values():
+        for name in _VOLATILE:
+            fm.pop(name, None)
+    return json.dumps(data, sort_keys=True)
+
+
 def _write(store: StateStore, memories: dict[str, JobMemory], stored: dict[str, str],
-           report: TickReport, now: float, what: str) -> None:
-    """Save the memories that changed since ``stored`` (JSON as last read or written),
-    delete those with nothing left to keep; ``stored`` follows what was written."""
-    save: list[JobMemory] = []
+           report: TickReport, now: float, what: str, clock: JobMemory | None = None) -> None:
+    """Save the memories that changed since ``stored`` (their stable JSON as last read or
+    written) and the tick ``clock`` if given; delete those with nothing left to keep."""
+    save: list[JobMemory] = [clock] if clock is not None else []
     drop: list[str] = []
     for key, mem in memories.items():
         forgotten = (not mem.outbox and not mem.audit_outbox
@@ -605,7 +630,7 @@ def _write(store: StateStore, memories: dict[str, JobMemory], stored: dict[str, 
         if forgotten:
             if key in stored:
                 drop.append(key)
-        elif stored.get(key) != (text := mem.to_json()):
+        elif stored.get(key) != (text := _stable(mem)):
             save.append(mem)
             stored[key] = text
     if save:
@@ -614,7 +639,7 @@ def _write(store: StateStore, memories: dict[str, JobMemory], stored: dict[str, 
         _store("delete job memory", lambda: store.delete(drop))
         for key in drop:
             stored.pop(key, None)
-    report.writes += len(save) + len(drop)
+    report.writes += len(save) + len(drop) - (clock is not None)
 
 
 def _log_audit(store: StateStore, memories: dict[str, JobMemory], report: TickReport,
