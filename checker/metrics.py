@@ -9,6 +9,7 @@ of spellings alone.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import numpy as np
 
@@ -28,10 +29,12 @@ EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "tes
 _TRAIN_NOISE = frozenset({"train", "training", "epoch", "step", "avg", "mean", "total"})
 
 
-def words(name: str) -> list[str]:
-    """``train/box_loss`` -> [train, box, loss]; ``valLoss`` -> [val, loss]."""
+@lru_cache(maxsize=4096)
+def words(name: str) -> tuple[str, ...]:
+    """``train/box_loss`` -> (train, box, loss); ``valLoss`` -> (val, loss). Cached: a
+    tick asks about the same few names for every job."""
     spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", name)
-    return [w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w]
+    return tuple(w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w)
 
 
 def is_eval(name: str) -> bool:
@@ -134,18 +137,21 @@ def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
         return s  # a restarted or resumed log: epochs do not say where a point lies
     idx = np.searchsorted(e_step, s.step, side="right") - 1
     epoch = np.where(idx >= 0, e_val[np.clip(idx, 0, None)], e_val[0])
-    labels, starts = np.unique(epoch, return_index=True)
-    if len(labels) < 2 or len(s) / len(labels) < min_per_epoch:
+    if (np.diff(epoch) < 0).any():
+        return s  # steps out of order: epochs do not group the points
+    starts = np.flatnonzero(np.r_[True, epoch[1:] != epoch[:-1]])
+    if len(starts) < 2 or len(s) / len(starts) < min_per_epoch:
         return s
-    # Keep the order of first appearance: epochs are logged in order.
-    order = np.argsort(starts)
-    labels = labels[order]
-    med, last = [], []
-    for lab in labels:
-        where = np.flatnonzero(epoch == lab)
-        vals = s.value[where]
-        vals = vals[np.isfinite(vals)]
-        med.append(float(np.median(vals)) if len(vals) else np.nan)
-        last.append(int(where[-1]))
-    at = np.array(last)
-    return Series(f"{s.name} (per-epoch median)", s.time[at], s.step[at], np.array(med))
+    ends = np.r_[starts[1:], len(epoch)]
+    # Each epoch's median at once: sort by (epoch, value), non-finite values last within
+    # their epoch and left out of the count.
+    vals = s.value
+    finite = np.isfinite(vals)
+    order = np.lexsort((np.where(finite, vals, np.inf), epoch))
+    sv = vals[order]
+    counts = np.add.reduceat(finite.astype(np.int64), starts)
+    lo = starts + np.maximum(counts - 1, 0) // 2
+    hi = starts + counts // 2
+    med = np.where(counts > 0, (sv[lo] + sv[np.minimum(hi, ends - 1)]) / 2, np.nan)
+    at = ends - 1
+    return Series(f"{s.name} (per-epoch median)", s.time[at], s.step[at], med)
