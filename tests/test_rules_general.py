@@ -304,3 +304,26 @@ def test_validation_drifting_up_a_little_is_not_overfit() -> None:
 
 def test_validation_climbing_while_training_climbs_too_is_not_overfit() -> None:
     assert judged(overfit_run(val_end=3.0, train_end=2.0), "overfit") == []
+
+
+def test_a_window_in_seconds_or_steps_covers_that_much_of_the_run() -> None:
+    steps = np.arange(300.0)
+    # improving by ~10 % in the first half, flat in the last 100 steps (1,000 s)
+    loss = np.concatenate([np.linspace(4.4, 4.0, 200), np.full(100, 4.0)])
+    loss += np.random.default_rng(7).normal(0, 0.002, 300)
+    job = job_of({"loss": (steps, loss)})
+    from checker import RuleConfig
+
+    def flat_with(**params: float) -> bool:
+        policy = Policy(rules={"plateau": RuleConfig(params=dict(params))})
+        return any(f.severity is not Severity.INFO for f in judged(job, "plateau",
+                                                                     policy=policy))
+
+    # The last 1,000 s (100 steps) are flat, but the whole run learnt: converged, info.
+    assert not flat_with(window_seconds=1000.0)
+    (f,) = judged(job, "plateau", policy=Policy(
+        rules={"plateau": RuleConfig(params={"window_steps": 100.0})}))
+    assert f.evidence["kind"] == "converged" and f.step is not None and f.step >= 199
+    # A window of 2,500 s reaches back into the learning: no plateau at all.
+    assert judged(job, "plateau", policy=Policy(
+        rules={"plateau": RuleConfig(params={"window_seconds": 2500.0})})) == []

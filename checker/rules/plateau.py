@@ -87,7 +87,7 @@ class Plateau(Rule):
             return []  # nothing to judge, or the divergence rule is on it
         s = per_epoch(job, raw, p.epoch_points)
         keep = np.isfinite(s.value)
-        x = _axis(job, s)
+        x = _axis(job, s, by_time=p.window_seconds is not None)
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
         if len(v) < p.chance_min_points or np.min(v) < 0:
@@ -252,21 +252,23 @@ class Plateau(Rule):
     def _window_start(self, job: Job, x: FloatArray) -> int:
         """Index of the first point of the window, by span on the run's own axis."""
         p: PlateauParams = self.params
-        if p.window_steps is not None:
+        if p.window_seconds is not None and job.clock != "step":
+            edge = x[-1] - p.window_seconds  # x is time (see _axis)
+        elif p.window_steps is not None:
             edge = x[-1] - p.window_steps
-        elif p.window_seconds is not None and job.clock != "step":
-            edge = x[-1] - p.window_seconds
         else:
             edge = x[-1] - p.window_fraction * (x[-1] - x[0])
         lo = int(np.searchsorted(x, edge, side="left"))
         return min(lo, max(len(x) - p.min_points, 0))
 
 
-def _axis(job: Job, s: Series) -> FloatArray:
+def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
     """Where each point lies in training: its step when every point has one and steps
-    never go back, else its time (on a step clock, time is the step)."""
+    never go back, else its time (on a step clock, time is the step); its time first
+    when the window is given in seconds."""
     st = s.step
-    if len(st) and np.isfinite(st).all() and (np.diff(st) >= 0).all() and st[-1] > st[0]:
+    if (not (by_time and job.clock != "step") and len(st) and np.isfinite(st).all()
+            and (np.diff(st) >= 0).all() and st[-1] > st[0]):
         return st
     t = s.time
     if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
