@@ -13,7 +13,7 @@ from checker.follow import Followers
 from checker.model import Finding, Job, JobState, Series, Severity
 from checker.policy import Cost, Policy
 from checker.rules.base import Context, Rule, param
-from trainguard.replay import MAX_AUTO_TICKS, first_record, replay, tick_times
+from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS, first_record, replay, tick_times
 
 
 @dataclass
@@ -137,11 +137,18 @@ def test_replay_with_the_real_rules_catches_a_nan_divergence_soon_after_onset() 
 # --- the schedule and the cost of long runs -----------------------------------------------
 
 
-def test_by_default_the_run_is_ticked_every_logging_interval_and_fires_timed_back() -> None:
-    result = replay(_run(every=10.0), Policy(), rules=[Threshold()])
-    assert result.tick == 10.0 and result.ticks == 361 and result.timed_back
+def test_by_default_a_run_is_ticked_as_the_live_watchdog_and_fires_timed_back() -> None:
+    # records every 10 s: ticks every 60 s (the live cadence), fires on their records
+    result = replay(_run(every=10.0, high_from=605.0, nan_from=1005.0), Policy(),
+                    rules=[Threshold()])
+    assert result.tick == LIVE_TICK_S and result.ticks == 61 and result.timed_back
     [h] = result.histories
-    assert (h.first.time, h.escalations[0].time) == (600.0, 1000.0)
+    assert (h.first.time, h.escalations[0].time) == (610.0, 1010.0)
+    # a run logging every 5 min is ticked at each record
+    assert replay(_run(every=300.0), Policy(), rules=[Threshold()]).tick == 300.0
+    # on a step clock: every logging interval
+    step = replay(_run(clock="step", every=2.0, end=600.0), Policy(), rules=[Threshold()])
+    assert step.tick == 2.0 and step.ticks == 301
 
 
 def test_a_long_run_is_not_refused_its_ticks_are_bounded_and_fires_land_on_their_record() -> None:

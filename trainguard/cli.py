@@ -373,8 +373,9 @@ def replay(paths: PathsArg,
            tick: Annotated[float | None, typer.Option(
                "--tick",
                help="Seconds between ticks on the run's own time axis (steps on a run "
-                    "that has only steps). Default: the run's logging interval, at most "
-                    "1,000 ticks, each finding timed back to the record that made it.")]
+                    "that has only steps). Default: the run's logging interval (no less "
+                    "than 60 s on a time axis), at most 1,000 ticks, each finding timed "
+                    "back to the record that made it.")]
            = None,
            policy: PolicyOpt = None, metric: MetricOpt = None, plot: PlotOpt = None,
            format: FormatOpt = OutputFormat.table, price: PriceOpt = None,

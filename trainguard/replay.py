@@ -8,10 +8,13 @@ finding (by ``Finding.key``) first fired, when it escalated, and what stopping a
 the first critical finding would have saved.
 
 The interval, unless given, is the run's own logging interval (the median gap between
-its records), so a finding shows at most one logging interval after the record that
-caused it; on a run with more records than ``MAX_AUTO_TICKS`` it is widened to keep the
-ticks at that bound. A given interval is honoured up to ``MAX_TICKS`` ticks, counted
-before any judging starts.
+its records), but no shorter than the live watchdog's ``LIVE_TICK_S`` on a time axis
+(it judges no more often than that) and widened where it would make more than
+``MAX_AUTO_TICKS`` ticks. Each first fire and escalation is then timed back to the
+record that caused it, so it is reported at most one logging interval late; what
+comes and goes between two ticks is not seen, as the live watchdog would not see it.
+A given interval is honoured up to ``MAX_TICKS`` ticks, counted before any judging
+starts, and fires are reported at the ticks.
 
 The cost stays linear in the run's length where it can honestly be: the job is cut
 with views, not copies, and each rule follows the run through a ``checker.follow``
@@ -43,6 +46,9 @@ MAX_TICKS = 10_000_000
 #: The automatic schedule never makes more ticks than this; each fire is then timed back
 #: to its record, so a long run costs this many judgements plus a few per finding.
 MAX_AUTO_TICKS = 1_000
+#: The live watchdog's usual cadence (seconds): the automatic schedule on a time axis
+#: judges no more often than this.
+LIVE_TICK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -140,11 +146,14 @@ def logging_interval(job: Job) -> float | None:
 
 
 def auto_tick(job: Job) -> float:
-    """One logging interval, widened where that would make more than MAX_AUTO_TICKS."""
+    """One logging interval, no shorter than LIVE_TICK_S on a time axis, widened where
+    that would make more than MAX_AUTO_TICKS ticks."""
     t = record_times(job)
     span = float(t[-1] - t[0]) if len(t) > 1 else 0.0
     interval = logging_interval(job) or 1.0
-    return max(interval, span / (MAX_AUTO_TICKS - 1)) if span > 0 else 1.0
+    if job.clock != "step":
+        interval = max(interval, LIVE_TICK_S)
+    return max(interval, span / (MAX_AUTO_TICKS - 1)) if span > 0 else interval
 
 
 def tick_count(start: float, end: float, tick: float) -> int:

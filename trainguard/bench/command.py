@@ -22,7 +22,7 @@ from checker.policy import Policy
 from trainguard.bench import harness
 from trainguard.bench.labels import Labelled, LabelsError, read_labels
 from trainguard.bench.tables import dumps, print_tables
-from trainguard.replay import MAX_AUTO_TICKS
+from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS
 from trainguard.report import fit_output
 
 
@@ -72,12 +72,14 @@ def bench(
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Processes to use.")] = 1,
     tick: Annotated[float | None, typer.Option(
         "--tick", min=0.001, help="Seconds between replay ticks on runs with a time axis "
-                                  "(default: each run's logging interval, at most "
-                                  f"{MAX_AUTO_TICKS:,} ticks; detections are timed back "
-                                  "to their record either way).")] = None,
+                                  "(default: each run's logging interval, no less than "
+                                  f"{LIVE_TICK_S:g} s, at most {MAX_AUTO_TICKS:,} ticks; "
+                                  "detections are timed back to their record either "
+                                  "way).")] = None,
     step_tick: Annotated[float | None, typer.Option(
         "--step-tick", min=0.001, help="Steps between ticks on runs with only steps "
-                                       "(default: as --tick).")] = None,
+                                       "(default: each run's logging interval, at most "
+                                       f"{MAX_AUTO_TICKS:,} ticks).")] = None,
     price: Annotated[float | None, typer.Option(
         "--price", metavar="USD_PER_HOUR", min=0.0,
         help="Hourly cost of one run (default: the price book's Azure "

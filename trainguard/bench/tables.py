@@ -17,7 +17,7 @@ from rich.table import Table
 
 from trainguard.bench.harness import ALL, JUDGES, Bench, HeadToHead, Row, as_dict, tg_kind
 from trainguard.bench.labels import NEGATIVE
-from trainguard.replay import MAX_AUTO_TICKS
+from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS
 
 
 def _n(x: float | None, digits: int = 3) -> str:
@@ -44,16 +44,13 @@ def _count(n: int, of: int) -> str:
     return f"{n}/{of} ({100 * n / of:.0f}%)" if of else "—"
 
 
-def _tick(tick: float | None, unit: str) -> str:
-    return f"every {tick:g} {unit}" if tick is not None else "every logging interval"
-
-
 def _ticks(tick: float | None, step_tick: float | None) -> str:
-    auto = f" (at most {MAX_AUTO_TICKS:,} per run)" if None in (tick, step_tick) else ""
-    if tick == step_tick:
-        return _tick(tick, "s or steps") + auto
-    return (f"{_tick(tick, 's')} ({_tick(step_tick, 'steps')} on runs without a time axis)"
-            + auto)
+    timed = (f"every {tick:g} s" if tick is not None else
+             f"every logging interval but no more often than every {LIVE_TICK_S:g} s")
+    steps = (f"every {step_tick:g} steps" if step_tick is not None else
+             "every logging interval")
+    auto = f", at most {MAX_AUTO_TICKS:,} per run" if None in (tick, step_tick) else ""
+    return f"{timed} ({steps} on runs without a time axis){auto}"
 
 
 def header(bench: Bench) -> list[str]:
