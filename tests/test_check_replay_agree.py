@@ -39,7 +39,8 @@ def test_check_agrees_with_the_last_tick_of_replay_on_both_corpora(curves_dir: P
         pytest.skip(f"the second corpus is not at {RUNS}")
     pol = default_policy()
     rules = build_rules(pol)
-    disagree, families = [], {}
+    disagree: list[tuple[str, str, str]] = []
+    families: dict[str, int] = {}
     for path in corpus_files(curves_dir):
         for found in load_runs(path):
             job = found.job
@@ -61,38 +62,36 @@ STEPS, NAN_AT = 80, 60
 
 
 def trainer_run(tmp_path: Path) -> tuple[Path, Path]:
-    """A tiny BERT trained on scikit-learn's digits for 80 steps; its weights are poisoned
-    with NaN at step 60. The callback writes with emit's default rate limit (10 s), as a
-    user's script would; the Trainer saves checkpoints and, at the end, its state."""
+    """A small MLP trained by the real Trainer on scikit-learn's digits for 80 steps;
+    its weights are poisoned with NaN at step 60. The callback writes with emit's default
+    rate limit (10 s), as a user's script would; the Trainer saves checkpoints and, at the
+    end, its state."""
     torch = pytest.importorskip("torch", reason="pip install 'trainguard[train]'")
     tf = pytest.importorskip("transformers", reason="pip install 'trainguard[train]'")
-    datasets = pytest.importorskip("sklearn.datasets", reason="pip install 'trainguard[demo]'")
+    pytest.importorskip("sklearn.datasets", reason="pip install 'trainguard[demo]'")
     from trainguard.callbacks.hf import TrainguardCallback
     from trainguard.emit import Emitter
 
-    class Poison(tf.TrainerCallback):  # type: ignore[misc]
+    class Poison(tf.TrainerCallback):  # type: ignore[misc,name-defined]
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == NAN_AT - 1:
                 with torch.no_grad():
                     kw["model"].classifier.weight.fill_(math.nan)
 
+    from tests.test_callbacks import DigitsMLP, digits
+
     torch.manual_seed(0)
-    data = datasets.load_digits()
-    x = torch.tensor(data.data, dtype=torch.long)
-    y = torch.tensor(data.target)
+    x, y = digits()
     rows = [{"input_ids": x[i], "labels": y[i]} for i in range(len(y))]
-    config = tf.BertConfig(vocab_size=17, hidden_size=32, num_hidden_layers=1,
-                           num_attention_heads=2, intermediate_size=64,
-                           max_position_embeddings=64, num_labels=10)
     out = tmp_path / "out"
     args = tf.TrainingArguments(
         output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=32,
-        per_device_eval_batch_size=64, learning_rate=3e-3, logging_steps=2,
+        per_device_eval_batch_size=64, learning_rate=1e-2, logging_steps=2,
         eval_strategy="steps", eval_steps=20, save_strategy="steps", save_steps=40,
         report_to=[], use_cpu=True, disable_tqdm=True, seed=0, save_only_model=True)
     log = tmp_path / "train.log"
     with log.open("w") as f:
-        trainer = tf.Trainer(model=tf.BertForSequenceClassification(config), args=args,
+        trainer = tf.Trainer(model=DigitsMLP(), args=args,
                              train_dataset=rows[:1500], eval_dataset=rows[1500:1628],
                              callbacks=[TrainguardCallback(Emitter(stream=f)), Poison()])
         trainer.train()
@@ -103,7 +102,8 @@ def trainer_run(tmp_path: Path) -> tuple[Path, Path]:
 def judged(path: Path, command: str = "check") -> dict[str, Any]:
     result = runner.invoke(app, [command, str(path), "--format", "json"])
     assert result.exit_code in (0, 1), result.output
-    return json.loads(result.stdout)["runs"][0]
+    run: dict[str, Any] = json.loads(result.stdout)["runs"][0]
+    return run
 
 
 @pytest.mark.slow

@@ -27,7 +27,8 @@ def run_cli(*args: Any) -> Any:
 
 def doc(result: Any) -> dict[str, Any]:
     assert result.exit_code in (0, 1, 2), result.output
-    return json.loads(result.stdout)
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
 
 
 # --- MLflow: every run of a store --------------------------------------------------------

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -34,7 +35,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def watch_cli(tmp_path: Path, script: str, *extra: str) -> tuple[object, dict[str, object]]:
+def watch_cli(tmp_path: Path, script: str, *extra: str) -> tuple[Any, dict[str, Any]]:
     (tmp_path / "train.py").write_text(script)
     run = tmp_path / "run.jsonl"
     result = runner.invoke(app, [
@@ -53,7 +54,7 @@ def test_a_process_that_exits_without_writing_ends_the_watch(tmp_path: Path) -> 
     assert doc["ended_at"] - exited <= 2 * TICK + 0.5, (doc["ended_at"] - exited)
     [run] = doc["runs"]
     assert run["exit_code"] == 0 and run["state"] != "RUNNING"
-    text = result.output  # type: ignore[attr-defined]
+    text = result.output
     assert "exit code 0" in text and "never wrote" in text
     assert "loss 0.5" in text  # the tail of its output: where its numbers went
     assert "trainguard watch: runs" in text  # the summary table
@@ -66,8 +67,8 @@ def test_a_process_that_crashes_says_its_exit_code_and_tail(tmp_path: Path) -> N
     exited = float(out.split("exit at")[1].split()[0])
     assert doc["ended_at"] - exited <= 2 * TICK + 0.5
     assert doc["runs"][0]["exit_code"] == 1
-    text = result.output  # type: ignore[attr-defined]
-    assert result.exit_code == 1  # type: ignore[attr-defined]
+    text = result.output
+    assert result.exit_code == 1
     assert "exit code 1" in text and "RuntimeError: CUDA error: out of memory" in text
 
 
@@ -130,7 +131,7 @@ def test_a_stop_ends_the_dataloader_workers_too(tmp_path: Path) -> None:
         "sys.argv[2]", repr(str(tmp_path / "pids"))).replace("sys.argv[3]", "'polite'")
     result, doc = watch_cli(tmp_path, script, "--policy", str(tmp_path / "policy.yaml"))
     [run] = doc["runs"]
-    assert run["stopped_by"] == "divergence", result.output  # type: ignore[attr-defined]
+    assert run["stopped_by"] == "divergence", result.output
     pids = worker_pids(tmp_path / "pids")
     assert not [p for p in [*pids, int(str(run["pid"]))] if alive(p)]
 
