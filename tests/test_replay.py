@@ -220,3 +220,26 @@ def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
         assert got == _recheck(job, policy, tick), row.run
         assert result.rule_runs < result.rule_calls
     assert compared >= 8
+
+
+@pytest.mark.parametrize("state", [JobState.RUNNING, JobState.SUCCEEDED, JobState.STOPPING])
+def test_a_cut_is_what_job_until_gives(state: JobState) -> None:
+    from checker.model import LogLine
+    from trainguard.replay import Cuts
+
+    job = _run(end=300.0)
+    job.state, job.end_time = state, 300.0
+    job.restart_times, job.restarts = [50.0, 250.0], 2
+    for logs in ([LogLine(float(x), f"l{x}") for x in range(0, 300, 7)],
+                 [LogLine(20.0, "late"), LogLine(10.0, "early")]):  # out of order: filtered
+        job.logs = logs
+        cuts = Cuts(job)
+        for t in (-1.0, 0.0, 55.0, 299.0, 300.0, 1e9):
+            want, got = job.until(t), cuts(t)
+            assert {k: v for k, v in vars(got).items() if k != "series"} == \
+                   {k: v for k, v in vars(want).items() if k != "series"}
+            assert got.series.keys() == want.series.keys()
+            for k, s in want.series.items():
+                assert s.name == got.series[k].name
+                for a in ("time", "step", "value"):
+                    np.testing.assert_array_equal(getattr(got.series[k], a), getattr(s, a))
