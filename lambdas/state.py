@@ -148,6 +148,7 @@ class JobMemory:
     outbox: list[PendingAlarm] = field(default_factory=list)  # alarms not yet said
     audit_outbox: list[AuditRecord] = field(default_factory=list)  # records not yet logged
     ticks: int = 0  # on the tick clock's own memory only: the ticks saved so far
+    gaps: list[float] = field(default_factory=list)  # the clock's: seconds between its ticks
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -171,6 +172,7 @@ class JobMemory:
                 outbox=[PendingAlarm.from_dict(a) for a in data.get("outbox", [])],
                 audit_outbox=[AuditRecord.from_dict(r) for r in data.get("audit_outbox", [])],
                 ticks=int(data.get("ticks", 0)),
+                gaps=[float(g) for g in data.get("gaps", [])],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise StateStoreError(f"job memory {data.get('job_key')!r} is malformed: {e}") from e

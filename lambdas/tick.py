@@ -67,6 +67,7 @@ INTERVAL_SLACK = 0.05  # a schedule may fire this fraction of an interval early
 MAX_ID_CHARS = 4096  # a longer job id is malformed (stores hash keys past their own limit)
 STOP_FAILED_RULE = "stop_failed"  # the alarm raised when the tick gives up on a stop
 CLOCK_KEY = "~tick-clock"  # the memory counting saved ticks (no job key starts with "~")
+CLOCK_GAPS = 9  # gaps between ticks the clock keeps; their median is the learnt interval
 
 
 class Source(Protocol):
@@ -185,8 +186,9 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
          sinks: Sequence[AlarmSink], now: float, rules: list[Rule] | None = None,
          remind_every_s: float = REMIND_EVERY_S,
          interval_s: float | None = None) -> TickReport:
-    """One tick of the watchdog at time ``now``. ``interval_s`` is the schedule's interval:
-    with it, a finding persists for a stop only when its ticks span enough time too.
+    """One tick of the watchdog at time ``now``. ``interval_s`` is the schedule's interval
+    (learnt from the ticks themselves when not given): a finding persists for a stop only
+    when its ticks span enough time too.
 
     Raises ``StateStoreError`` if the store fails before the stops (then none is made),
     or after doing all it could when it fails later (what is left is redone next tick)."""
@@ -198,7 +200,10 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
     # The tick clock: one small memory counting saved ticks, so a lasting finding's
     # count of ticks is derived, not written on every tick.
     clock = memories.pop(CLOCK_KEY, None) or JobMemory(CLOCK_KEY, "trainguard", CLOCK_KEY, now)
+    if clock.ticks and now > clock.last_seen:
+        clock.gaps = [*clock.gaps, now - clock.last_seen][-CLOCK_GAPS:]
     clock.ticks, clock.last_seen = clock.ticks + 1, now
+    interval_s = interval_s or learnt_interval(clock.gaps)
     stored = {k: _stable(m) for k, m in memories.items()}
     seen: dict[str, _Seen] = {}
     for source, job in listed:
@@ -248,6 +253,15 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
 # --- the boundary: jobs from sources -------------------------------------------------
 
 _NUMBERS = ("start_time", "end_time", "hourly_price", "max_runtime_s")
+
+
+def learnt_interval(gaps: list[float]) -> float | None:
+    """The schedule's interval as the median gap between saved ticks (None until three
+    are known): a duplicated or retried invocation now and then does not move it."""
+    if len(gaps) < 3:
+        return None
+    ordered = sorted(gaps)
+    return ordered[len(ordered) // 2]
 
 
 def invalid_job(job: Any) -> str | None:

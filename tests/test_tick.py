@@ -398,3 +398,29 @@ def test_a_deployment_without_stop_enabled_runs_any_policy_in_dry_run() -> None:
     assert effective_policy(allows, stop_enabled=True).safety.dry_run is False
     assert allows.safety.dry_run is False  # the policy itself is left as it was
     assert effective_policy(policy(dry_run=True), stop_enabled=True).safety.dry_run is True
+
+
+def test_duplicated_invocations_do_not_hurry_a_stop(store: StateStore) -> None:
+    """persist_ticks counts time too: N ticks spanning N-1 intervals. The interval is
+    learnt from the ticks (here a minute); invocations seconds apart count once."""
+    job = make_job("j", 1.0)
+    src = FakeSource("fake", [job])
+    pol = policy(persist=3)
+    for t in (0.0, 60.0, 120.0, 180.0):  # a healthy job: the schedule is learnt
+        tick([src], pol, store, [], now=1_000.0 + t, rules=RULES)
+    set_loss(job, 500.0)
+    for t in (240.0, 241.0, 245.0, 300.0, 301.0):  # retried and duplicated invocations
+        tick([src], pol, store, [], now=1_000.0 + t, rules=RULES)
+        assert src.stops == [], f"stopped at {t} s"
+    tick([src], pol, store, [], now=1_360.0, rules=RULES)
+    assert src.stops == ["j"]
+
+
+def test_a_given_interval_counts_from_the_first_tick(store: StateStore) -> None:
+    src = FakeSource("fake", [make_job("j", 500.0)])
+    pol = policy(persist=3)
+    for t in (0.0, 1.0, 2.0, 60.0):
+        tick([src], pol, store, [], now=1_000.0 + t, rules=RULES, interval_s=60.0)
+    assert src.stops == []
+    tick([src], pol, store, [], now=1_120.0, rules=RULES, interval_s=60.0)
+    assert src.stops == ["j"]
