@@ -113,3 +113,24 @@ def test_a_policy_naming_an_absent_series_is_warned_about(tmp_path: Path) -> Non
     good = tmp_path / "good.yaml"
     good.write_text("name: fine\nmetrics: {objective: loss}\n")
     assert "warning" not in trainguard("check", run, "--policy", good).stderr
+
+
+def test_bench_tables_keep_whole_rows_in_a_pipe(tmp_path: Path, curves_dir: Path) -> None:
+    """Six labelled genrisk runs (two diverged, two flat, two healthy), written as a
+    labels file whose runs point where the corpus lies."""
+    rows = (curves_dir / "labels.csv").read_text().splitlines()
+    picked = [r for r in rows[1:] if r.startswith("genrisk/")][:6]
+    labels = tmp_path / "labels.csv"
+    labels.write_text("\n".join([rows[0]] + [str(curves_dir) + "/" + r for r in picked]) + "\n")
+    done = trainguard("bench", labels)
+    assert done.returncode == 0, done.stderr
+    table_rows = [ln for ln in done.stdout.splitlines() if "│" in ln]
+    assert table_rows and max(len(ln) for ln in done.stdout.splitlines()) > 80
+    assert one_line(done.stdout, "divergence (diverged)", "trainguard divergence")
+    # every row of every table has as many cells as its header: nothing folded
+    for block in done.stdout.split("\n\n"):
+        lines = block.splitlines()
+        heads = [ln for ln in lines if "┃" in ln]
+        cells = [ln for ln in lines if "│" in ln]
+        if heads and cells:
+            assert {ln.count("│") for ln in cells} <= {h.count("┃") for h in heads}, block
