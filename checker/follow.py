@@ -9,9 +9,16 @@ series with the same number of records, the same log lines, the same state, and 
 That is exact for any rule: the follower watches what the rule *did* read, not what it
 is assumed to read. It saves the work where it can be saved honestly: a plateau rule
 watching ``val_loss`` is not re-run at the 99 ticks between two evaluations, and a
-rule that only reads the step clock is not re-run where no step was logged. A rule whose
-own input changes at every tick is run at every tick; such a rule can keep incremental
-state of its own by returning a ``Follower`` subclass from ``Rule.follow``.
+rule that only reads the step clock is not re-run where no step was logged.
+
+A rule whose own input changes at every tick is run at every tick, and if it re-reads
+the whole run each time, a replay at one tick per record costs the square of the run's
+length. Such a rule makes itself linear with ``ctx.state``: a dict the follower keeps
+for it from tick to tick (None when the rule is judged once, as by ``check``), where it
+can keep what it worked out from the records it has seen (a running best, completed
+blocks' medians) and the number of records that was, and look only at the new ones.
+Followers see cuts in time order, but a rule must still check that the cut extends what
+it saw (the same series, at least as many records) and start over when it does not.
 
 Followers judge cuts of one job (``Job.until``): the records of one run seen up to
 different times, so a series' record count says which records a cut holds.
@@ -112,8 +119,9 @@ class _SeenContext(Context):
         return object.__getattribute__(self, name)
 
 
-def _seen_context(ctx: Context, reads: _Reads) -> Context:
-    seen = _SeenContext(now=ctx.now, policy=ctx.policy, jobs=ctx.jobs, memo=ctx.memo)
+def _seen_context(ctx: Context, reads: _Reads, state: dict[str, Any]) -> Context:
+    seen = _SeenContext(now=ctx.now, policy=ctx.policy, jobs=ctx.jobs, memo=ctx.memo,
+                        state=state)
     object.__setattr__(seen, "_reads", reads)
     return seen
 
@@ -150,6 +158,7 @@ class Follower:
         self.found: list[Finding] = []
         self.runs = 0  # times the rule was run (the rest were reused)
         self.calls = 0
+        self.state: dict[str, Any] = {}  # the rule's own, as ``ctx.state``
 
     def check(self, job: Job, ctx: Context) -> list[Finding]:
         self.calls += 1
@@ -159,7 +168,7 @@ class Follower:
         reads = _Reads()
         seen = dataclasses.replace(job, series=_SeenSeries(job.series, reads),
                                    logs=_SeenLogs(job.logs, reads))
-        found = self.rule.check(seen, _seen_context(ctx, reads))
+        found = self.rule.check(seen, _seen_context(ctx, reads, self.state))
         self.runs += 1
         self.names = reads.names
         self.key = _key(reads.names, job, ctx.now)

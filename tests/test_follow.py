@@ -139,3 +139,47 @@ def test_a_change_of_state_re_runs_the_rule() -> None:
     stopped = Job(**{**running.__dict__, "state": JobState.STOPPED})
     assert evaluate([stopped], policy, 250.0, rules=[ValOnly()], followers=followers) == []
     assert followers.calls == 2 and followers.runs == 2
+
+
+class RunningMax(Rule):
+    """A rule that keeps, in ``ctx.state``, the loss's maximum over the records it has
+    seen, and warns while the last loss is that maximum: linear work over a replay."""
+
+    Params = _NoParams
+    name = "running_max"
+    touched = 0  # records looked at
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        s = job.series["loss"]
+        state = ctx.state if ctx.state is not None else {}
+        seen, best = state.get("seen", 0), state.get("best", -np.inf)
+        if seen > len(s):  # not a continuation of what was seen: start over
+            seen, best = 0, -np.inf
+        new = s.value[seen:]
+        type(self).touched += len(new)
+        if len(new):
+            best = max(best, float(new.max()))
+        state["seen"], state["best"] = len(s), best
+        if len(s) and s.value[-1] >= best:
+            return [Finding(job.id, self.name, Severity.WARNING, f"new high {best:g}",
+                            evidence={"kind": "max"})]
+        return []
+
+
+def test_a_rule_with_state_does_linear_work_and_answers_as_without() -> None:
+    rng = np.random.default_rng(3)
+    t = np.arange(5_000.0)
+    job = Job(id="run", clock="step", state=JobState.RUNNING,
+              series={"loss": Series("loss", t, t, rng.standard_normal(len(t)))})
+    policy = Policy()
+
+    def replay(followers: Followers | None) -> list[list[str]]:
+        return [[f.message for f in evaluate([job.until(x)], policy, x, rules=[RunningMax()],
+                                             followers=followers)] for x in t.tolist()]
+
+    RunningMax.touched = 0
+    followed = replay(Followers())
+    assert RunningMax.touched == len(t)  # each record looked at once
+    RunningMax.touched = 0
+    assert replay(None) == followed  # judged once each time: the same answers
+    assert RunningMax.touched == len(t) * (len(t) + 1) // 2  # the square of the length

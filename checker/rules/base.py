@@ -35,6 +35,9 @@ class Context:
     policy: Policy
     jobs: list[Job]  # every job of this tick: the budget rule adds up accounts
     memo: dict[str, Any] = dataclasses.field(default_factory=dict)  # per-tick work of rules
+    #: A followed rule's own memory of this job from tick to tick (``checker.follow``),
+    #: for work it need not redo on the records it has seen; None when judged once.
+    state: dict[str, Any] | None = None
 
 
 class Rule(ABC):
