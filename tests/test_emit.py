@@ -13,6 +13,7 @@ import sys
 import timeit
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -215,3 +216,24 @@ def test_shipped_definitions_use_no_python_only_regex_syntax() -> None:
     for d in EMIT_DEFINITIONS:
         assert "(?<" not in d.regex and "(?i" not in d.regex, d
         assert len(d.regex) <= 500, d  # SageMaker's limit
+
+
+def test_record_force_writes_past_the_rate_limit() -> None:
+    """What the HF callback uses for the Trainer's own logs: they are paced already."""
+    buf = io.StringIO()
+    e = Emitter(interval=3600, stream=buf)
+    assert e.record(1, {"loss": 2.0})
+    assert not e.record(2, {"loss": 1.9})  # rate-limited
+    assert e.record(3, {"loss": 1.8}, force=True)
+    job = load_run_text(buf.getvalue())
+    assert list(job.series["loss"].value) == pytest.approx([2.0, 1.8])
+    assert list(job.series["loss"].step) == [1, 3]
+
+
+def load_run_text(text: str) -> Any:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.log"
+        path.write_text(text)
+        return load_run(path)
