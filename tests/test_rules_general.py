@@ -101,7 +101,9 @@ def test_a_short_run_at_chance_level_with_chance_accuracy_is_not_learning() -> N
 
 def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None:
     steps = np.arange(6.0)
-    loss = math.log(2) + np.array([0.02, 0.004, -0.001, 0.003, 0.0, 0.001])
+    # at ln 2 from the first evaluation to the last (a loss falling *to* ln 2 without an
+    # accuracy could as well be a language model learning: see the next-but-one test)
+    loss = math.log(2) + np.array([0.0017, 0.004, -0.001, 0.003, 0.0, 0.001])
     (f,) = judged(job_of({"val_loss": (steps, loss)}), "plateau")
     assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 2
 
@@ -327,3 +329,16 @@ def test_a_window_in_seconds_or_steps_covers_that_much_of_the_run() -> None:
     # A window of 2,500 s reaches back into the learning: no plateau at all.
     assert judged(job, "plateau", policy=Policy(
         rules={"plateau": RuleConfig(params={"window_seconds": 2500.0})})) == []
+
+
+def test_a_fine_tune_improving_slowly_near_some_ln_k_is_not_at_chance() -> None:
+    steps = np.arange(12.0) * 100
+    # a language-model fine-tune: 2.40 -> 2.30 (4 %) sits inside ln 10's +5 % all along;
+    # with no accuracy to say there are 10 classes, that is not chance level
+    loss = np.linspace(2.40, 2.30, 12) + np.random.default_rng(8).normal(0, 0.002, 12)
+    found = judged(job_of({"loss": (steps, loss)}), "plateau")
+    assert [f for f in found if f.evidence["kind"] == "chance"] == []
+    # nor is a loss still falling through ln 2 (0.72 -> 0.70, 3 %)
+    loss = np.linspace(0.72, 0.70, 12) + np.random.default_rng(8).normal(0, 0.0005, 12)
+    found = judged(job_of({"loss": (steps, loss)}), "plateau")
+    assert [f for f in found if f.evidence["kind"] == "chance"] == []

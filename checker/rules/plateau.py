@@ -67,9 +67,10 @@ class PlateauParams:
         0.01, "chance level: the loss never went below ln K by more than this fraction")
     chance_band: float = param(
         0.05, "chance level: without an accuracy, the loss started and ended within this "
-        "fraction above ln K")
+        "fraction above ln K (and improved less than min_rel_improvement between)")
     chance_max_classes: int = param(
-        10, "without an accuracy to confirm K, only ln 2 .. ln of this are chance levels")
+        2, "without an accuracy to confirm K, only ln 2 .. ln of this are chance levels: "
+        "ln 3 .. ln 10 lie where many language-model losses do")
     chance_min_points: int = param(3, "points needed to call a loss at chance level")
     chance_acc_tolerance: float = param(
         0.15, "chance level: an accuracy within this fraction of 1/K names K")
@@ -95,6 +96,8 @@ class Plateau(Rule):
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
             return []
         idx = np.flatnonzero(keep)
+        sign = 1.0 if p.mode == "min" else -1.0
+        x, v, idx = _calm(x, v, idx, sign)
         chance = self._chance(job, raw, v) if p.mode == "min" else None
         if chance is not None:
             k, ln_k, acc = chance
@@ -106,8 +109,6 @@ class Plateau(Rule):
                 {"classes": k, "chance_loss": ln_k, "accuracy": acc, "points": len(v)})]
         if len(v) < p.min_points:
             return []
-        sign = 1.0 if p.mode == "min" else -1.0
-        x, v, idx = _calm(x, v, idx, sign)
         lo = self._window_start(job, x)
         win = self._flat(x[lo:], v[lo:], sign)
         if win is None or not win[0]:
@@ -191,6 +192,8 @@ class Plateau(Rule):
         head, tail = span_thirds(np.arange(len(v), dtype=float))
         head, tail = span_thirds(np.arange(len(v), dtype=float))
         start, end = median(v[head]), median(v[tail])
+        if start - end >= p.min_rel_improvement * start:
+            return None  # a loss near ln K that is still falling is learning
         for k in range(2, p.chance_max_classes + 1):
             ln_k = math.log(k)
             low, high = ln_k * (1 - p.chance_tolerance), ln_k * (1 + p.chance_band)
