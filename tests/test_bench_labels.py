@@ -224,3 +224,16 @@ def test_several_labels_files_are_judged_together(
     assert result.exit_code == 2
     assert (f"{other / 'labels.csv'}:2: run: 'a/healthy.csv' is also listed at "
             f"{corpus / 'labels.csv'}:2") in result.output
+
+
+def test_a_given_tick_is_checked_on_every_run_before_any_is_judged(corpus: Path) -> None:
+    # a run of 20,000 s: 20 million ticks of 1 ms, a unit mistake
+    (corpus / "a" / "long.csv").write_text("step,elapsed,loss\n0,0,3\n1,10000,2\n2,20000,1\n")
+    labels = corpus / "labels.csv"
+    labels.write_text(labels.read_text() + "a/long.csv,csv,healthy,,,loss,\n")
+    for jobs in ("1", "2"):
+        result = runner.invoke(app, ["bench", str(labels), "--tick", "0.001", "--jobs", jobs])
+        assert result.exit_code == 2, result.output
+        assert f"{labels}:6: run 'a/long.csv': tick 0.001 makes 20,000,001 ticks" \
+            in result.output
+        assert "at most 10,000,000" in result.output

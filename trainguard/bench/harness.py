@@ -448,10 +448,27 @@ def add_katib(cases: list[Case]) -> None:
         c.katib_series = None  # done with it: keep the results small
 
 
+def check_run_ticks(row: Labelled, settings: Settings) -> None:
+    """A given tick that would make too many ticks on this run: a ``BenchError``."""
+    job = load(row)
+    try:
+        check_ticks(job, settings.tick if job.clock != "step" else settings.step_tick)
+    except ValueError as e:
+        raise BenchError(f"{row.where}: run {row.run!r}: {e}") from None
+
+
 def judge_all(rows: list[Labelled], policy: Policy, settings: Settings, jobs: int = 1,
               advance: Callable[[], None] | None = None) -> list[Case]:
-    """Every case of every row, in the labels file's order whatever ``jobs`` is."""
+    """Every case of every row, in the labels file's order whatever ``jobs`` is. With a
+    given tick, every run's tick count is checked first, before any is judged."""
     done: list[list[Case]] = [[] for _ in rows]
+    if settings.tick is not None or settings.step_tick is not None:
+        if jobs <= 1:
+            for row in rows:
+                check_run_ticks(row, settings)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(check_run_ticks, rows, [settings] * len(rows)))
     if jobs <= 1:
         for i, row in enumerate(rows):
             done[i] = judge_run(row, policy, settings)
