@@ -81,9 +81,11 @@ def plot_run(job: Job, markers: list[Marker], path: Path, title: str | None = No
         return (t - origin) / div
 
     lower = job.series.get("gpu_util") or _rate(job)
-    losses = [s for name, s in sorted(job.series.items()) if "loss" in name.lower() and len(s)]
+    # a series recognised as ``loss``/``val_loss`` is also under its own name: draw it once
+    unique = list({s.name: s for _, s in sorted(job.series.items())}.values())
+    losses = [s for s in unique if "loss" in s.name.lower() and len(s)]
     if not losses:  # no loss: show whatever the job logged that is not its progress
-        losses = [s for name, s in sorted(job.series.items()) if name != "step" and len(s)][:4]
+        losses = [s for s in unique if s.name != "step" and len(s)][:4]
 
     fig = Figure(figsize=(11, 6.5 if lower is not None else 4.5), layout="constrained")
     axes: list[Any] = (list(fig.subplots(2, 1, sharex=True, height_ratios=[2.2, 1]))
