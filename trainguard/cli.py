@@ -550,7 +550,8 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
     if json_out is not None:
         json_out.write_text(report.dumps(result.to_dict()) + "\n")
     critical = any(f.get("severity") == "critical" for r in result.runs for f in r.findings)
-    failed = any(r.exit_code not in (None, 0) and r.stopped_by is None for r in result.runs)
+    failed = any(r.exit_code not in (None, 0) and (r.stopped_by is None or r.dry_run_stop)
+                 for r in result.runs)  # ended badly on its own, not by a stop
     raise typer.Exit(1 if critical or failed else 0)
 
 
