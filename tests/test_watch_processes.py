@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -182,3 +183,45 @@ def test_a_process_given_by_pid_is_signalled_alone(tmp_path: Path) -> None:
     t0 = time.time()
     p.end(grace_s=5.0)
     assert started.returncode == -signal.SIGTERM and time.time() - t0 < 5.0
+
+
+NAN_THEN_EXIT_0 = r"""
+import json, sys, time
+with open(sys.argv[1], "a") as f:
+    for step in range(1, 41):
+        loss = float("nan") if step > 20 else 3.0 / step
+        f.write(json.dumps({"time": time.time(), "step": step, "loss": loss}) + "\n")
+        f.flush()
+        time.sleep(0.02)
+    time.sleep(1.5)
+"""
+
+
+def test_a_run_that_went_nan_and_exited_0_is_not_cleared(tmp_path: Path) -> None:
+    """The finding stands when the run ends: the end stops the judging, it clears nothing."""
+    run = tmp_path / "run.jsonl"
+    (tmp_path / "t.py").write_text(NAN_THEN_EXIT_0)
+    result = runner.invoke(app, [
+        "watch", str(run), "--start", f"{run}={sys.executable} {tmp_path / 't.py'} {run}",
+        "--tick", str(TICK), "--until", "60", "--state", str(tmp_path / "s.sqlite")])
+    text = result.output
+    assert "critical" in text and "divergence" in text, text
+    assert "cleared" not in text
+    assert "no longer judged run: its critical divergence stands, the run ended (succeeded)" \
+        in text
+    assert result.exit_code == 1  # the finding went critical
+
+
+def test_a_short_silence_is_said_in_seconds() -> None:
+    from checker.evaluate import evaluate
+    from checker.model import Job, Series
+    from trainguard.policy import default_policy
+
+    t = 1_717_000_000.0 + np.arange(30.0)
+    job = Job(id="j", series={"step": Series("step", t, t - t[0], t - t[0])})
+    pol = default_policy()
+    pol.rules["stall"] = RuleConfig(params={"min_seconds": 5.0, "unlearnt_seconds": 5.0})
+    [stall] = [f for f in evaluate([job], pol, float(t[-1]) + 40) if f.rule == "stall"]
+    assert "no progress for 40 s" in stall.message, stall.message
+    [long] = [f for f in evaluate([job], pol, float(t[-1]) + 600) if f.rule == "stall"]
+    assert "no progress for 10.0 min" in long.message, long.message
