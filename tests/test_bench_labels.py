@@ -107,7 +107,10 @@ def test_a_critical_finding_on_a_spiky_run_is_a_false_alarm(corpus: Path) -> Non
     tg_critical = spiky["trainguard"]["divergence"]["critical"] is not None
     spiky_check = checks["no critical divergence on a spiky run that recovers"]
     assert spiky_check["passed"] is (not tg_critical)
-    assert "no critical finding on a healthy or spiky run" in checks
+    assert "no critical finding of any rule on a healthy or spiky run" in checks
+    # every rule's critical findings are kept per case, judged rule or not
+    assert "divergence" in _detail(data, "a/diverged.csv")["critical"]
+    assert _detail(data, "a/healthy.csv")["critical"] == {}
 
 
 def test_by_family_repeats_every_row_per_family(corpus: Path) -> None:

@@ -158,6 +158,8 @@ class Case:
     onset_interval_steps: float | None = None  # of the labelled metric, with a labelled onset
     stall_bound_s: float | None = None
     trainguard: dict[str, dict[str, Detection | None]] = field(default_factory=dict)
+    #: every rule of the policy that went critical, judged or not, and when (at its tick)
+    critical: dict[str, Detection] = field(default_factory=dict)
     anchors: dict[str, Detection | None] = field(default_factory=dict)
     anchor_errors: dict[str, str] = field(default_factory=dict)
     note: str = ""
@@ -253,6 +255,7 @@ class _Judge:
         self.records = record_times(job)
         self.cuts = Cuts(job)
         self.followers = Followers()
+        self.critical: dict[str, Detection] = {}  # every rule's first critical tick
 
     def _refine(self, kind: str, level: Severity, lo: float,
                 hi: float) -> tuple[float, Finding | None]:
@@ -291,9 +294,17 @@ class _Judge:
                         if f.severity.rank >= level.rank:
                             first.setdefault((f.rule, level), (t, before))
                 k, before = k + 1, t
+        self.critical = {
+            rule: Detection(step=self.progress.step_at(t) if self.timed else t,
+                            time=t if self.timed else None, severity="critical",
+                            reason=f"{rule} critical at the tick")
+            for (rule, level), (t, _) in first.items() if level is Severity.CRITICAL}
         out: dict[str, dict[str, Detection | None]] = {}
         for kind in JUDGES:
             out[kind] = {}
+            if kind not in self.by_name:  # not in this policy
+                out[kind] = {"warning": None, "critical": None}
+                continue
             for level in (Severity.WARNING, Severity.CRITICAL):
                 fired = first.get((kind, level))
                 if fired is None:
@@ -370,6 +381,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
         case.stall_bound_s = max(STALL_BOUND_FACTOR * (p99 or 0.0), STALL_BOUND_MIN_S)
         horizon = onset_time + case.stall_bound_s + 2 * judge.tick
     case.trainguard = judge.detections(horizon)
+    case.critical = judge.critical
     case.anchors, case.anchor_errors = _anchor_detections(job, metric)
     if metric is not None and metric in job.series:
         case.katib_series = job.series[metric]
@@ -412,7 +424,7 @@ def judge_run(row: Labelled, policy: Policy, settings: Settings) -> list[Case]:
 
     Runs in a worker process; every failure comes back as a ``BenchError``."""
     job = load(row)
-    rules = [r for r in build_rules(policy) if r.name in JUDGES]
+    rules = build_rules(policy)  # all of them: a critical finding of any rule is an alarm
     try:
         cases = [_judge_case(job, row, policy, rules, settings, None)]
         for fault in faults(job, row, settings):
@@ -741,9 +753,8 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
                          not late and not unconfirmed, _ids(late + unconfirmed)))
     negatives = [c for c in cases if c.group in NEGATIVE]
     if negatives:
-        bad = [c for c in negatives
-               if any(lv.get("critical") is not None for lv in c.trainguard.values())]
-        out.append(Check("no critical finding on a healthy or spiky run",
+        bad = [c for c in negatives if c.critical]
+        out.append(Check("no critical finding of any rule on a healthy or spiky run",
                          f"{len(bad)}/{len(negatives)} fired", not bad, _ids(bad)))
     for group, what in (("healthy", "no critical divergence on a healthy run"),
                         ("spiky", "no critical divergence on a spiky run that recovers"),
