@@ -309,7 +309,7 @@ def test_a_resource_version_conflict_on_the_stop_intent_stops_once(
     assert codes == [OK, STORE_DOWN]
     assert suspended(cm) == ["job-0"]
     assert cm.conflicts == 1
-    assert "another watchdog changed the stop record" in caplog.text
+    assert "lost the race to an overlapping one" in caplog.text
 
 
 def test_alertmanager_down_is_a_sink_error_and_the_tick_still_stops(
@@ -345,6 +345,24 @@ def test_pushgateway_down_is_reported_after_a_complete_tick(
     assert main(["--now", str(NOW)]) == ERRORS
     assert suspended(cm) == ["job-0"]
     assert [p for p in summary(capsys)["problems"] if p.startswith("Pushgateway http://")]
+
+
+def test_a_full_configmap_raises_an_alarm_naming_the_store_to_use(
+        cm: ConfigMapReplay, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not silent: the tick stops nothing (the store failed), and Alertmanager gets a
+    critical state_store_full alert saying which store to use instead."""
+    fleet(cm, ["job-0"])
+    filler = memory("kubeflow:kubeflow:lab/ml-team:ml-team/pytorchjob/old")
+    filler.findings["f"] = FindingMemory("f", "logs", "warning", "x" * 1_000_000, 1.0, 1.0)
+    cm.data[data_key(filler.job_key)] = filler.to_json()
+    with alertmanager("route: {receiver: none}\nreceivers: [{name: none}]\n") as am:
+        monkeypatch.setenv("TRAINGUARD_ALERTMANAGER_URL", am.url)
+        assert main(["--now", str(time.time())]) == STORE_DOWN
+        (alert,) = am_alerts(am.url)
+    assert alert["labels"]["rule"] == "state_store_full"
+    assert alert["labels"]["severity"] == "critical"
+    assert "TRAINGUARD_STATE_SQLITE" in alert["annotations"]["description"]
+    assert suspended(cm) == []
 
 
 def test_sqlite_on_a_volume_instead_of_the_configmap(
