@@ -369,11 +369,20 @@ def watch(runs: Sequence[str | Path], policy: Policy, state_path: str | Path, ti
             time.sleep(max(0.0, tick_s - (clock() - now)))
     finally:
         store.close()
-        for proc in source.processes:  # what the watchdog started does not outlive it
-            if proc.popen is not None:
-                proc.end(grace_s)
+        # what the watchdog started does not outlive it
+        end_all([p for p in source.processes if p.popen is not None], grace_s)
     return WatchResult(started, clock(), ticks, _outcomes(source, sink.events, audit),
                        audit, errors)
+
+
+def end_all(processes: Sequence[Process], grace_s: float = GRACE_S) -> None:
+    """SIGTERM every group at once, then wait out one grace period for all of them."""
+    for proc in processes:
+        if proc.term_sent_at is None and proc.group_alive():
+            proc.term_sent_at = time.time()
+            proc.signal(signal.SIGTERM)
+    for proc in processes:
+        proc.end(grace_s)
 
 
 def exit_text(code: int | None) -> str:

@@ -525,7 +525,7 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
     Ctrl-C, with a table of every run's outcome. The processes it started end with it:
     their whole process group, SIGTERM then SIGKILL after the grace period.
     """
-    from lambdas.local import Process, summary_table
+    from lambdas.local import Process, end_all, summary_table
     from lambdas.local import watch as run_watch
 
     pol = load_policy(policy)
@@ -543,9 +543,9 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    finally:
-        for proc in started.values():  # the watchdog started them: none outlives it
-            Process(proc).end()
+    finally:  # the watchdog started them: none outlives it (watch ends them; this is
+        # for an error before it could)
+        end_all([Process(proc) for proc in started.values()])
     out.print(summary_table(result))
     if json_out is not None:
         json_out.write_text(report.dumps(result.to_dict()) + "\n")
