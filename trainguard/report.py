@@ -302,8 +302,8 @@ def _findings_table(c: Checked) -> Table:
 
 
 #: what the findings table's less obvious columns mean, printed under it
-CHECK_LEGEND = ("series: what the rule judged; from step / from time: where the trouble "
-                "began (time since the run's first record)")
+CHECK_LEGEND = "series: what the rule judged; from step: where the trouble began"
+CHECK_LEGEND_TIME = "; from time: when it began, as time since the run's first record"
 
 
 def print_check(console: Console, checked: list[Checked]) -> None:
@@ -315,7 +315,9 @@ def print_check(console: Console, checked: list[Checked]) -> None:
         if c.findings:
             console.print(_findings_table(c))
     if any(c.findings for c in checked):
-        console.print(f"[dim]{CHECK_LEGEND}[/]", soft_wrap=True)
+        timed = any(c.findings and c.run.job.clock != "step" for c in checked)
+        console.print(f"[dim]{CHECK_LEGEND}{CHECK_LEGEND_TIME if timed else ''}[/]",
+                      soft_wrap=True)
     _summary(console, [c.verdict for c in checked])
 
 
