@@ -18,6 +18,7 @@ from cdktn_provider_aws.cloudwatch_log_subscription_filter import (
     CloudwatchLogSubscriptionFilter,
 )
 from cdktn_provider_aws.cloudwatch_metric_alarm import CloudwatchMetricAlarm
+from cdktn_provider_aws.data_aws_ssm_parameter import DataAwsSsmParameter
 from cdktn_provider_aws.dynamodb_table import (
     DynamodbTable,
     DynamodbTableAttribute,
@@ -25,6 +26,7 @@ from cdktn_provider_aws.dynamodb_table import (
     DynamodbTableServerSideEncryption,
     DynamodbTableTtl,
 )
+from cdktn_provider_aws.iam_policy import IamPolicy
 from cdktn_provider_aws.iam_role import IamRole
 from cdktn_provider_aws.iam_role_policy import IamRolePolicy
 from cdktn_provider_aws.kms_alias import KmsAlias
@@ -65,6 +67,32 @@ TTL_ATTRIBUTE = "expires_at"  # what lambdas/aws/dynamodb_state.py and the idemp
 #: their own actions: PutItem). No Scan, no ConditionCheck items.
 STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
                  "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:BatchWriteItem")
+#: the partition key of audit records (lambdas/aws/dynamodb_state.py): never updated or
+#: deleted by the function, so a compromised function cannot rewrite its own trail
+AUDIT_PARTITION = "audit"
+
+
+def tag_guard(spec: AwsEnvironment, protect_tag: str) -> list[dict[str, Any]]:
+    """The optional guard rail on the tags that authorise a stop (docs/security.md): no
+    one under it adds or removes ``trainguard:*`` tags (nor the stop opt-in tag, nor the
+    policy's protect tag), and, with ``require_stop_tag``, no training job is created
+    without the opt-in tag. The same statements serve as a permissions boundary (with an
+    Allow of everything else) and as an organisation SCP (with ``tag_admins`` exempt)."""
+    keys = sorted({"trainguard:*", spec.stop_tag.key, protect_tag})
+    admins = {"ArnNotLike": {"aws:PrincipalArn": spec.guard_rails.tag_admins}} \
+        if spec.guard_rails.tag_admins else {}
+    out: list[dict[str, Any]] = [
+        {"Sid": "NoTrainguardTagChanges", "Effect": "Deny",
+         "Action": ["sagemaker:AddTags", "sagemaker:DeleteTags"],
+         "Resource": f"arn:aws:sagemaker:*:{spec.account}:training-job/*",
+         "Condition": {"ForAnyValue:StringLike": {"aws:TagKeys": keys}, **admins}}]
+    if spec.guard_rails.require_stop_tag:
+        out.append(
+            {"Sid": "TrainingJobsCarryTheOptInTag", "Effect": "Deny",
+             "Action": ["sagemaker:CreateTrainingJob"],
+             "Resource": f"arn:aws:sagemaker:*:{spec.account}:training-job/*",
+             "Condition": {"Null": {f"aws:RequestTag/{spec.stop_tag.key}": "true"}}})
+    return out
 
 
 def alarm_period(interval_minutes: int) -> int:
@@ -114,14 +142,17 @@ class AwsStack(TerraformStack):
         TerraformOutput(self, "function_name", value=self.function.function_name)
         TerraformOutput(self, "topic_arn", value=self.topic.arn)
         TerraformOutput(self, "state_table", value=self.table.name)
+        if spec.guard_rails.tag_boundary:
+            self._guard_rails()
 
     # --- encryption ---------------------------------------------------------------------
 
     def _kms_key(self) -> KmsKey:
         spec = self.spec
         root = f"arn:aws:iam::{spec.account}:root"
-        services = ["cloudwatch.amazonaws.com", "budgets.amazonaws.com",
-                    "events.amazonaws.com", "sns.amazonaws.com"]
+        # Who publishes to the encrypted topic (EventBridge invokes the function and
+        # writes nothing encrypted: it needs no key).
+        services = ["cloudwatch.amazonaws.com", "budgets.amazonaws.com", "sns.amazonaws.com"]
         policy = _doc(
             {"Sid": "AccountAdmin", "Effect": "Allow", "Principal": {"AWS": root},
              "Action": "kms:*", "Resource": "*"},
@@ -133,8 +164,10 @@ class AwsStack(TerraformStack):
              "Principal": {"Service": f"logs.{spec.region}.amazonaws.com"},
              "Action": ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*",
                         "kms:GenerateDataKey*", "kms:Describe*"], "Resource": "*",
-             "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn":
-                                       self.arn.format("logs", "log-group:*")}}},
+             # Only the function's own log group, not any log group of the account.
+             "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn":
+                                         self.arn.format("logs", f"log-group:/aws/lambda/"
+                                                                 f"{self.prefix}")}}},
         )
         key = KmsKey(self, "key", description=f"{self.prefix}: state, alarms and logs",
                      enable_key_rotation=True, deletion_window_in_days=30, policy=policy)
@@ -156,8 +189,12 @@ class AwsStack(TerraformStack):
             SnsTopicSubscription(self, f"email_{i}", topic_arn=topic.arn, protocol="email",
                                  endpoint=email)
         for hook in spec.alarms.webhooks:
+            # The URL is a secret: read from SSM at deploy time, never in the repository
+            # (Terraform state still holds it: keep the state encrypted, docs/security.md).
+            url = DataAwsSsmParameter(self, f"webhook_{hook.name}_url",
+                                      name=str(hook.ssm_parameter), with_decryption=True)
             SnsTopicSubscription(self, f"webhook_{hook.name}", topic_arn=topic.arn,
-                                 protocol="https", endpoint=hook.url,
+                                 protocol="https", endpoint=url.value,
                                  endpoint_auto_confirms=False)
         return topic
 
@@ -212,13 +249,10 @@ class AwsStack(TerraformStack):
             {"Sid": "ReadJobs", "Effect": "Allow",
              "Action": ["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
              "Resource": jobs},
-            # GetMetricData has no resource type either; PutMetricData is held to our
-            # namespace by its condition key.
+            # GetMetricData has no resource type either. No PutMetricData: the findings
+            # metrics are EMF lines in the function's own log (lambdas/aws/sinks.py).
             {"Sid": "ReadMetrics", "Effect": "Allow", "Action": ["cloudwatch:GetMetricData"],
              "Resource": "*"},
-            {"Sid": "PutFindings", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"],
-             "Resource": "*",
-             "Condition": {"StringEquals": {"cloudwatch:namespace": NAMESPACE}}},
             {"Sid": "ReadTrainingLogs", "Effect": "Allow", "Action": ["logs:FilterLogEvents"],
              "Resource": arn.format("logs", f"log-group:{SAGEMAKER_LOG_GROUP}:*")},
             {"Sid": "OwnLogs", "Effect": "Allow",
@@ -226,6 +260,11 @@ class AwsStack(TerraformStack):
              "Resource": f"{log_group.arn}:*"},
             {"Sid": "State", "Effect": "Allow", "Action": list(STATE_ACTIONS),
              "Resource": self.table.arn},
+            {"Sid": "AuditIsAppendOnly", "Effect": "Deny",
+             "Action": ["dynamodb:UpdateItem", "dynamodb:DeleteItem"],
+             "Resource": self.table.arn,
+             "Condition": {"ForAnyValue:StringEquals": {
+                 "dynamodb:LeadingKeys": [AUDIT_PARTITION]}}},
             {"Sid": "Alarm", "Effect": "Allow", "Action": ["sns:Publish"],
              "Resource": self.topic.arn},
             {"Sid": "DeadLetters", "Effect": "Allow", "Action": ["sqs:SendMessage"],
@@ -239,7 +278,29 @@ class AwsStack(TerraformStack):
                  "Action": ["sagemaker:StopTrainingJob"], "Resource": jobs,
                  "Condition": {"StringEquals": {
                      f"aws:ResourceTag/{spec.stop_tag.key}": spec.stop_tag_value}}})
+            # The policy's protect tag refuses the stop in IAM too, whatever the tick
+            # decided (any value but "false", as lambdas/tick.py reads it).
+            protect = self.env.policy.safety.protect_tag
+            statements.append(
+                {"Sid": "NeverStopProtectedJobs", "Effect": "Deny",
+                 "Action": ["sagemaker:StopTrainingJob"], "Resource": jobs,
+                 "Condition": {"Null": {f"aws:ResourceTag/{protect}": "false"},
+                               "StringNotEqualsIgnoreCase": {
+                                   f"aws:ResourceTag/{protect}": "false"}}})
         return _doc(*statements)
+
+    def _guard_rails(self) -> None:
+        """The tag guard as a managed policy to attach to the teams' roles or to use as
+        their permissions boundary, and as an SCP document for the organisation."""
+        guard = tag_guard(self.spec, self.env.policy.safety.protect_tag)
+        boundary = [*guard, {"Sid": "EverythingElse", "Effect": "Allow", "Action": "*",
+                             "Resource": "*"}]
+        policy = IamPolicy(self, "tag_guard", name=f"{self.prefix}-tag-guard",
+                           description="trainguard: no one changes the tags that authorise "
+                                       "a stop (docs/security.md)",
+                           policy=_doc(*boundary))
+        TerraformOutput(self, "tag_guard_boundary_arn", value=policy.arn)
+        TerraformOutput(self, "tag_guard_scp", value=_doc(*guard))
 
     # --- triggers -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from cdktn_provider_azurerm.consumption_budget_subscription import (
     ConsumptionBudgetSubscriptionNotification,
     ConsumptionBudgetSubscriptionTimePeriod,
 )
+from cdktn_provider_azurerm.data_azurerm_key_vault_secret import DataAzurermKeyVaultSecret
 from cdktn_provider_azurerm.linux_function_app import (
     LinuxFunctionApp,
     LinuxFunctionAppIdentity,
@@ -63,7 +64,7 @@ from checker.registry import rule_names
 from checker.signatures import SIGNATURES
 from stacks import package
 from stacks.base import covers, local_state
-from stacks.environment import AzureEnvironment, Environment
+from stacks.environment import AzureEnvironment, Environment, Webhook
 
 #: the custom metric lambdas/azure posts (Azure Monitor custom metrics REST API) on the
 #: Application Insights resource: dimensions rule and severity (tests/test_seams.py
@@ -95,6 +96,13 @@ def alert_window(interval_minutes: int) -> tuple[str, str]:
     window = next((iso for m, iso in ALERT_WINDOWS if m >= interval_minutes),
                   ALERT_WINDOWS[-1][1])
     return ("PT1M" if window == "PT1M" else "PT5M"), window
+
+
+def key_vault_reference(hook: Webhook) -> str:
+    """An App Service Key Vault reference to the webhook's URL secret."""
+    assert hook.key_vault is not None
+    return (f"@Microsoft.KeyVault(VaultName={hook.key_vault.vault_name};"
+            f"SecretName={hook.key_vault.secret})")
 
 
 def _suffix(*parts: str) -> str:
@@ -197,7 +205,10 @@ class AzureStack(TerraformStack):
                 "TRAINGUARD_METRICS_REGION": self.group.location,
                 # The message a person reads, to the environment's first webhook (the
                 # Action Group's alerts say which rule fires, this says which job).
-                **({"TRAINGUARD_WEBHOOK_URL": webhooks[0].url} if webhooks else {}),
+                # A Key Vault reference: the app resolves it with its identity; the URL
+                # itself is in neither the repository nor the app's settings.
+                **({"TRAINGUARD_WEBHOOK_URL": key_vault_reference(webhooks[0])}
+                   if webhooks else {}),
             },
             tags=self.tags)
 
@@ -220,11 +231,21 @@ class AzureStack(TerraformStack):
         RoleAssignment(self, "metrics_publisher", scope=self.insights.id,
                        principal_id=principal, role_definition_name="Monitoring Metrics Publisher",
                        principal_type="ServicePrincipal")
-        # Its own storage: the Functions host keeps timer leases in blobs; state in the Table.
-        for i, builtin in enumerate(("Storage Blob Data Owner",
-                                     "Storage Table Data Contributor")):
-            RoleAssignment(self, f"storage_role_{i}", scope=self.storage.id,
-                           principal_id=principal, role_definition_name=builtin,
+        # Its own storage: the Functions host keeps timer leases in blobs; state in the
+        # Table, and only that table (not every table of the account).
+        RoleAssignment(self, "storage_role_0", scope=self.storage.id,
+                       principal_id=principal, role_definition_name="Storage Blob Data Owner",
+                       principal_type="ServicePrincipal")
+        RoleAssignment(self, "storage_role_1", scope=self.table.resource_manager_id,
+                       principal_id=principal,
+                       role_definition_name="Storage Table Data Contributor",
+                       principal_type="ServicePrincipal")
+        # The webhook URL's secret, and only it, for the app's Key Vault reference.
+        for hook in spec.alarms.webhooks[:1]:
+            assert hook.key_vault is not None  # the environment's validation says so
+            RoleAssignment(self, f"webhook_secret_{hook.name}",
+                           scope=f"{hook.key_vault.vault_id}/secrets/{hook.key_vault.secret}",
+                           principal_id=principal, role_definition_name="Key Vault Secrets User",
                            principal_type="ServicePrincipal")
 
     # --- alarms -------------------------------------------------------------------------
@@ -238,9 +259,18 @@ class AzureStack(TerraformStack):
                 name=f"email-{i}", email_address=e, use_common_alert_schema=True)
                 for i, e in enumerate(alarms.emails)],
             webhook_receiver=[MonitorActionGroupWebhookReceiver(
-                name=h.name, service_uri=h.url, use_common_alert_schema=True)
+                name=h.name, service_uri=self._secret_url(h), use_common_alert_schema=True)
                 for h in alarms.webhooks],
             tags=self.tags)
+
+    def _secret_url(self, hook: Webhook) -> str:
+        """The webhook's URL from Key Vault at deploy time (the Action Group has no Key
+        Vault reference; Terraform state holds it: keep the state encrypted)."""
+        assert hook.key_vault is not None
+        secret = DataAzurermKeyVaultSecret(self, f"webhook_{hook.name}_url",
+                                           name=hook.key_vault.secret,
+                                           key_vault_id=hook.key_vault.vault_id)
+        return secret.value
 
     def _acted_on(self) -> list[Severity]:
         """Severities some enabled rule of the policy notifies or stops on."""

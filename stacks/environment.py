@@ -160,10 +160,55 @@ def _expand(field: str, low: int, high: int, sunday: bool = False) -> set[int]:
 # ---------------------------------------------------------------------------- models
 
 
+class SecretKeyRef(BaseModel):
+    """A key of a Kubernetes Secret (AlertmanagerConfig ``urlSecret``)."""
+
+    model_config = _STRICT
+    name: K8sName
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class KeyVaultSecret(BaseModel):
+    """A Key Vault secret: the vault's resource id and the secret's name."""
+
+    model_config = _STRICT
+    vault_id: str = Field(pattern=r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/"
+                                  r"Microsoft\.KeyVault/vaults/[A-Za-z0-9-]{3,24}$")
+    secret: str = Field(pattern=r"^[A-Za-z0-9-]{1,127}$")
+
+    @property
+    def vault_name(self) -> str:
+        return self.vault_id.rsplit("/", 1)[-1]
+
+
 class Webhook(BaseModel):
+    """A chat or relay webhook. Its URL is a secret (whoever holds it posts to the
+    channel), so it is never written here: each cloud reads it from its secret store."""
+
     model_config = _STRICT
     name: Name
-    url: str = Field(pattern=r"^https://[^\s]+$")
+    url: str | None = None  # refused, with the reason: see ``_no_url``
+    ssm_parameter: str | None = Field(default=None, pattern=r"^/[\w./-]+$")  # AWS
+    key_vault: KeyVaultSecret | None = None  # Azure
+    secret: SecretKeyRef | None = None  # OpenShift: in each namespace with alerts
+
+    @field_validator("url")
+    @classmethod
+    def _no_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError("a webhook URL is a secret: never write it in the repository; "
+                             "give ssm_parameter (AWS), key_vault {vault_id, secret} (Azure) "
+                             "or secret {name, key} (OpenShift) instead")
+        return v
+
+    def source(self) -> str | None:
+        """Which secret store the URL comes from (the field that is set)."""
+        given = [k for k in WEBHOOK_SOURCES if getattr(self, k) is not None]
+        return given[0] if len(given) == 1 else None
+
+
+#: the fields a webhook's URL can come from, one per cloud
+WEBHOOK_SOURCES = ("ssm_parameter", "key_vault", "secret")
 
 
 Email = Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
@@ -181,6 +226,7 @@ class Alarms(BaseModel):
 class Common(BaseModel):
     model_config = _STRICT
     cloud: ClassVar[str]
+    webhook_source: ClassVar[str]  # the one of WEBHOOK_SOURCES this cloud reads
     name: Name
     schedule: str = "rate(5 minutes)"
     policy: str = Field(min_length=1)
@@ -194,6 +240,15 @@ class Common(BaseModel):
         Schedule.parse(v)
         return v
 
+    @field_validator("alarms")
+    @classmethod
+    def _webhook_sources(cls, v: Alarms) -> Alarms:
+        for i, hook in enumerate(v.webhooks):
+            if hook.source() != cls.webhook_source:
+                raise ValueError(f"webhooks[{i}] ({hook.name}): on {cls.cloud} the URL comes "
+                                 f"from {cls.webhook_source} (and only from it)")
+        return v
+
     @property
     def tick(self) -> Schedule:
         return Schedule.parse(self.schedule)
@@ -205,8 +260,19 @@ class StopTag(BaseModel):
     value: str | None = None  # default: the environment's name
 
 
+class GuardRails(BaseModel):
+    """Optional guard rails on the tags that authorise a stop (docs/security.md)."""
+
+    model_config = _STRICT
+    tag_boundary: bool = False  # a managed policy / permissions boundary, and an SCP output
+    require_stop_tag: bool = False  # with it: no training job created without the opt-in tag
+    tag_admins: list[str] = []  # principal ARNs (wildcards allowed) the SCP exempts
+
+
 class AwsEnvironment(Common):
     cloud: ClassVar[str] = "aws"
+    webhook_source: ClassVar[str] = "ssm_parameter"
+    guard_rails: GuardRails = Field(default_factory=GuardRails)
     account: str = Field(pattern=r"^\d{12}$")
     region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     stop_tag: StopTag = Field(default_factory=StopTag)
@@ -235,6 +301,7 @@ class LogQuery(BaseModel):
 
 class AzureEnvironment(Common):
     cloud: ClassVar[str] = "azure"
+    webhook_source: ClassVar[str] = "key_vault"
     subscription: str = Field(
         pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
     region: str = Field(pattern=r"^[a-z0-9]+$")
@@ -292,16 +359,21 @@ class StateVolume(BaseModel):
 
 class OpenshiftEnvironment(Common):
     cloud: ClassVar[str] = "openshift"
+    webhook_source: ClassVar[str] = "secret"
     cluster: K8sName
     kube_context: str | None = None  # default: the kubeconfig's current context
     namespace: K8sName = "trainguard"
     watch_namespaces: list[K8sName] = Field(min_length=1)
-    image: str = Field(pattern=r"^[^\s]+(:[\w.-]+|@sha256:[0-9a-f]{64})$")
+    # By digest only: a tag can be moved to another image after review (issue 16).
+    image: str = Field(pattern=r"^[^\s@]+@sha256:[0-9a-f]{64}$")
     log_shipping: Literal["loki", "fluentbit"] = "loki"
     lokistack: LokiStack = Field(default_factory=LokiStack)
     fluentbit: FluentBitOutput | None = None
     smtp: Smtp | None = None
     prometheus_url: str = "https://thanos-querier.openshift-monitoring.svc:9091"
+    #: true when prometheus_url is the querier's namespaced (tenancy) port, 9092: every
+    #: query then names the job's namespace and the querier enforces it
+    prometheus_tenancy: bool = False
     alertmanager_url: str = (
         "https://alertmanager-user-workload.openshift-user-workload-monitoring.svc:9095")
     pushgateway_url: str | None = None
@@ -310,6 +382,9 @@ class OpenshiftEnvironment(Common):
     #: only its own verb, and only with stop_enabled
     stop_mode: Literal["suspend", "delete"] = "suspend"
     remind_every_minutes: int = Field(default=360, ge=5, le=7 * 24 * 60)
+    #: a ValidatingAdmissionPolicy limiting the watchdog's patches to suspend and its
+    #: stop annotation (stacks/admission.py; Kubernetes 1.30+ / OpenShift 4.17+)
+    admission_policy: bool = False
     state: Literal["configmap", "sqlite"] = "configmap"
     state_volume: StateVolume = Field(default_factory=StateVolume)
 

@@ -51,6 +51,7 @@ from constructs import Construct
 
 from checker.logship import fluentbit_rewrite_rules, logql_rule
 from checker.signatures import SIGNATURES
+from stacks import admission
 from stacks.base import local_state
 from stacks.environment import Environment, OpenshiftEnvironment
 from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups, watchdog_rules
@@ -78,8 +79,8 @@ STOP_VERBS = {"suspend": "patch", "delete": "delete"}
 def job_verbs(spec: OpenshiftEnvironment) -> list[str]:
     """What the watchdog may do to the job kinds: read them, and with stops enabled the
     one verb its stop mode needs."""
-    return ["get", "list", "watch", *([STOP_VERBS[spec.stop_mode]] if spec.stop_enabled
-                                      else [])]
+    # get: a job is read again just before its stop (lambdas/trust.py); no watch.
+    return ["get", "list", *([STOP_VERBS[spec.stop_mode]] if spec.stop_enabled else [])]
 
 
 def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
@@ -104,6 +105,8 @@ def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
         # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
         "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
         "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+        # the querier's namespaced port (9092) answers from the job's namespace only
+        "TRAINGUARD_PROMETHEUS_TENANCY": "true" if spec.prometheus_tenancy else "false",
         "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
         "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
         **{k: v for k, v in optional.items() if v},
@@ -166,11 +169,18 @@ class OpenshiftStack(TerraformStack):
         spec = self.spec
         rules = [RoleV1Rule(api_groups=[group], resources=[plural], verbs=job_verbs(spec))
                  for group, plural in JOB_KINDS]
-        rules.append(RoleV1Rule(api_groups=[""], resources=["pods"],
-                                verbs=["get", "list", "watch"]))
+        # Pods are listed (by label selector), never read one by one nor watched.
+        rules.append(RoleV1Rule(api_groups=[""], resources=["pods"], verbs=["list"]))
         subject = {"kind": "ServiceAccount", "name": WATCHDOG, "namespace": spec.namespace}
         for ns in spec.watch_namespaces:
             self._role(f"jobs_{ns}", ns, rules, subject)
+        if spec.admission_policy and spec.stop_enabled and spec.stop_mode == "suspend":
+            self._manifest("admission_policy", "admissionregistration.k8s.io/v1",
+                           "ValidatingAdmissionPolicy", admission.NAME, None,
+                           admission.policy(WATCHDOG, spec.namespace))
+            self._manifest("admission_binding", "admissionregistration.k8s.io/v1",
+                           "ValidatingAdmissionPolicyBinding", admission.NAME, None,
+                           admission.binding(spec.watch_namespaces))
         if spec.state == "configmap":
             self._role("state", self.ns, [RoleV1Rule(
                 api_groups=[""], resources=["configmaps"], resource_names=[STATE_CONFIGMAP],
@@ -270,8 +280,11 @@ class OpenshiftStack(TerraformStack):
             receiver["emailConfigs"] = [{"to": e, "sendResolved": True, **smtp}
                                         for e in spec.alarms.emails]
         if spec.alarms.webhooks:
-            receiver["webhookConfigs"] = [{"url": h.url, "sendResolved": True}
-                                          for h in spec.alarms.webhooks]
+            # urlSecret: the URL stays in a Secret (in each namespace with an
+            # AlertmanagerConfig), never in the repository or the manifests.
+            receiver["webhookConfigs"] = [
+                {"urlSecret": {"name": h.secret.name, "key": h.secret.key}, "sendResolved": True}
+                for h in spec.alarms.webhooks if h.secret is not None]
         return receiver
 
     def _monitoring(self) -> None:

@@ -123,7 +123,12 @@ log_shipping: fluentbit
     got = "\n".join(problems(write(tmp_path, "ocp", text)))
     assert "ocp.yaml:4: watch_namespaces: List should have at least 1 item" in got
     assert "ocp.yaml:5: image: String should match pattern" in got
-    fixed = text.replace("[]", "[ml]").replace("trainguard\n", "trainguard:1.0\n")
+    # A tag is not enough either: an image by digest only (a tag can be moved).
+    tagged = text.replace("trainguard\n", "trainguard:1.0\n")
+    assert "ocp.yaml:5: image: String should match pattern" in "\n".join(
+        problems(write(tmp_path, "ocp", tagged)))
+    fixed = text.replace("[]", "[ml]").replace("trainguard\n", "trainguard@sha256:" + "ab" * 32
+                                               + "\n")
     got = "\n".join(problems(write(tmp_path, "ocp", fixed)))
     assert "ocp.yaml:6: schedule: rate(7 minutes) has no cron form" in got
     assert "ocp.yaml:8: log_shipping: fluentbit needs a 'fluentbit: {host: ...}' section" in got
@@ -165,3 +170,21 @@ def test_the_app_reports_problems_without_a_traceback(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"trainguard: error: {tmp_path}/prod.yaml:2: cloud: expected one of aws, azure, "
         "openshift, got 'gcp'"]
+
+
+@pytest.mark.parametrize(("cloud", "extra", "hook", "why"), [
+    ("aws", 'account: "111122223333"\nregion: us-east-1\n',
+     '{name: chat, url: "https://hooks.example.com/T0/B0/secret"}',
+     "a webhook URL is a secret: never write it in the repository"),
+    ("aws", 'account: "111122223333"\nregion: us-east-1\n',
+     "{name: chat, secret: {name: hooks, key: chat}}",
+     "on aws the URL comes from ssm_parameter"),
+    ("openshift", "cluster: lab\nwatch_namespaces: [ml]\nimage: q/t@sha256:" + "ab" * 32 + "\n",
+     "{name: chat, ssm_parameter: /tg/chat}", "on openshift the URL comes from secret"),
+])
+def test_a_webhook_url_never_lives_in_the_repository(tmp_path: Path, cloud: str, extra: str,
+                                                     hook: str, why: str) -> None:
+    text = (f"name: env\ncloud: {cloud}\n{extra}policy: policies/research-team.yaml\n"
+            f"alarms:\n  webhooks:\n    - {hook}\n")
+    got = "\n".join(problems(write(tmp_path, "env", text)))
+    assert why in got and "env.yaml:" in got

@@ -128,25 +128,55 @@ def test_aws_schedule_and_state_change_rule(stacks: dict[str, Stack]) -> None:
 def test_aws_stop_only_on_tagged_jobs(stacks: dict[str, Stack]) -> None:
     stmts = policy_statements(stacks["aws-dev"])
     stopping = [s for s in stmts.values() if "sagemaker:StopTrainingJob" in s["Action"]]
-    assert len(stopping) == 1
-    stop = stopping[0]
+    allow, deny = ([s for s in stopping if s["Effect"] == e] for e in ("Allow", "Deny"))
+    (stop,) = allow
     assert stop["Action"] == ["sagemaker:StopTrainingJob"]
     assert stop["Resource"] == "arn:aws:sagemaker:us-east-1:111122223333:training-job/*"
     assert stop["Condition"] == {"StringEquals": {
         "aws:ResourceTag/trainguard:environment": "aws-dev"}}
+    # The protect tag refuses the stop in IAM too (issue 16): present and not "false".
+    (never,) = deny
+    assert never["Resource"] == stop["Resource"]
+    assert never["Condition"] == {
+        "Null": {"aws:ResourceTag/trainguard:protect": "false"},
+        "StringNotEqualsIgnoreCase": {"aws:ResourceTag/trainguard:protect": "false"}}
+
+
+def test_aws_audit_rows_are_never_updated_or_deleted(stacks: dict[str, Stack]) -> None:
+    deny = policy_statements(stacks["aws-dev"])["AuditIsAppendOnly"]
+    assert deny["Effect"] == "Deny"
+    assert set(deny["Action"]) == {"dynamodb:UpdateItem", "dynamodb:DeleteItem"}
+    assert deny["Condition"] == {"ForAnyValue:StringEquals": {"dynamodb:LeadingKeys": ["audit"]}}
+    from lambdas.aws.dynamodb_state import AUDIT
+    assert AUDIT == "audit"  # the store's partition key for audit records
+
+
+def test_aws_tag_guard_boundary_and_scp(stacks: dict[str, Stack]) -> None:
+    stack = stacks["aws-dev"]
+    (guard,) = resources(stack, "aws_iam_policy").values()
+    doc = json.loads(guard["policy"])["Statement"]
+    (tags,) = [s for s in doc if s["Sid"] == "NoTrainguardTagChanges"]
+    assert tags["Effect"] == "Deny"
+    assert set(tags["Action"]) == {"sagemaker:AddTags", "sagemaker:DeleteTags"}
+    assert "trainguard:*" in tags["Condition"]["ForAnyValue:StringLike"]["aws:TagKeys"]
+    # as a permissions boundary it allows everything else
+    assert {"Sid": "EverythingElse", "Effect": "Allow", "Action": "*", "Resource": "*"} in doc
+    scp = json.loads(stack["output"]["tag_guard_scp"]["value"])["Statement"]
+    assert scp == [s for s in doc if s["Effect"] == "Deny"]
 
 
 def test_aws_no_wildcard_that_could_be_narrowed(stacks: dict[str, Stack]) -> None:
     # Actions with no resource type in IAM: "*" is the narrowest possible for them.
-    unscoped = {"sagemaker:ListTrainingJobs", "cloudwatch:GetMetricData",
-                "cloudwatch:PutMetricData"}
+    unscoped = {"sagemaker:ListTrainingJobs", "cloudwatch:GetMetricData"}
     for sid, s in policy_statements(stacks["aws-dev"]).items():
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         assert all("*" not in a for a in actions), sid
         if s["Resource"] == "*":
             assert set(actions) <= unscoped, sid
-    put = policy_statements(stacks["aws-dev"])["PutFindings"]
-    assert put["Condition"] == {"StringEquals": {"cloudwatch:namespace": "trainguard"}}
+    # The findings metrics are EMF lines: the function may not put metrics itself (a
+    # compromised one could forge the training metrics of any job, issue 16).
+    assert not any("cloudwatch:PutMetricData" in s["Action"]
+                   for s in policy_statements(stacks["aws-dev"]).values())
 
 
 def test_aws_encryption_and_recovery(stacks: dict[str, Stack]) -> None:
@@ -189,7 +219,12 @@ def test_aws_alarms_budgets_and_log_filter(stacks: dict[str, Stack]) -> None:
     subs = resources(stack, "aws_sns_topic_subscription")
     assert {(s["protocol"], s["endpoint"]) for s in subs.values()} == {
         ("email", "ml-platform@example.com"),
-        ("https", "https://chat-relay.example.com/sns/trainguard")}
+        # the URL is an SSM SecureString read at deploy time, never in the repository
+        ("https", "${data.aws_ssm_parameter.webhook_chat-relay_url.value}")}
+    (param,) = stack["data"]["aws_ssm_parameter"].values()
+    assert {k: v for k, v in param.items() if k != "//"} == {
+        "name": "/trainguard/aws-dev/chat-relay-url", "with_decryption": True}
+    assert "chat-relay.example.com" not in json.dumps(stack)
 
 
 def test_aws_lambda_package_holds_this_commit(stacks: dict[str, Stack], outdir: Path,
@@ -237,8 +272,13 @@ def test_azure_function_identity_and_roles(stacks: dict[str, Stack]) -> None:
     # research-team runs with stop_enabled: false, so not even the cancel right.
     assert not any("cancel" in a for a in actions)
     scopes = {a["scope"] for a in resources(stack, "azurerm_role_assignment").values()}
+    vault = ("/subscriptions/00000000-1111-2222-3333-444444444444/resourceGroups/"
+             "trainguard-research/providers/Microsoft.KeyVault/vaults/tg-research-kv")
+    # the state table only (not every table of the account), and the one webhook secret
     assert scopes == {ws, "${azurerm_storage_account.storage.id}",
-                      "${azurerm_application_insights.insights.id}"}
+                      "${azurerm_storage_table.state.resource_manager_id}",
+                      "${azurerm_application_insights.insights.id}",
+                      f"{vault}/secrets/teams-webhook-url"}
 
 
 def test_azure_alerts_and_budget(stacks: dict[str, Stack]) -> None:
@@ -247,7 +287,8 @@ def test_azure_alerts_and_budget(stacks: dict[str, Stack]) -> None:
     assert [r["email_address"] for r in group["email_receiver"]] == [
         "research-leads@example.com"]
     assert [r["service_uri"] for r in group["webhook_receiver"]] == [
-        "https://example.webhook.office.com/webhookb2/trainguard"]
+        "${data.azurerm_key_vault_secret.webhook_teams_url.value}"]
+    assert "webhook.office.com" not in json.dumps(stack)
     queries = [r["criteria"][0]["query"]
                for r in resources(stack, "azurerm_monitor_scheduled_query_rules_alert_v2"
                                   ).values()]
@@ -299,10 +340,12 @@ def test_openshift_rbac_is_only_what_the_watchdog_needs(stacks: dict[str, Stack]
                         grants.add((ns if ns.startswith("ml-") else "own", group, res, verb))
     expected = {("own", "", "configmaps", v) for v in ("get", "update")}
     for ns in ("ml-team-a", "ml-team-b"):
-        expected |= {(ns, "", "pods", v) for v in ("get", "list", "watch")}
+        # pods are listed, never read one by one nor watched; jobs read (again just
+        # before a stop), listed, and patched to suspend them
+        expected |= {(ns, "", "pods", "list")}
         for group, res in (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org",
                                                              "trainjobs")):
-            expected |= {(ns, group, res, v) for v in ("get", "list", "watch", "patch")}
+            expected |= {(ns, group, res, v) for v in ("get", "list", "patch")}
     assert grants == expected
     (state,) = [r for r in roles.values() if r["rule"][0]["resources"] == ["configmaps"]]
     assert state["rule"][0]["resource_names"] == ["trainguard-state"]
@@ -324,8 +367,9 @@ def test_openshift_rules_forwarder_and_receivers(stacks: dict[str, Stack]) -> No
         if m["kind"] == "AlertmanagerConfig":
             (receiver,) = m["spec"]["receivers"]
             assert [e["to"] for e in receiver["emailConfigs"]] == ["gpu-oncall@example.com"]
-            assert [w["url"] for w in receiver["webhookConfigs"]] == [
-                "https://chat-relay.example.com/alertmanager"]
+            assert [w["urlSecret"] for w in receiver["webhookConfigs"]] == [
+                {"name": "trainguard-webhooks", "key": "chat-relay-url"}]
+            assert "url" not in receiver["webhookConfigs"][0]
         if m["kind"] == "AlertingRule":
             names = {r["labels"]["signature"] for r in m["spec"]["groups"][0]["rules"]}
             assert names == {s.name for s in SIGNATURES}
