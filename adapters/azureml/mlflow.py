@@ -10,6 +10,7 @@ same credential and retry policy as the SDK, so a Function needs no ``mlflow`` i
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -37,12 +38,31 @@ class MlflowError(Exception):
     """A tracking server answer this reader cannot use."""
 
 
-def https_base(tracking_uri: str, endpoint: str | None = None) -> str:
+#: cloud -> the domain of its Azure ML regional API hosts (REGION.api.azureml.ms): the
+#: only hosts the management token is sent to. A job's tracking URI is the job's own
+#: document, so a host elsewhere would take the Function's token with it.
+AZURE_ML_HOSTS: dict[str, str] = {
+    "AzureCloud": "api.azureml.ms",
+    "AzureUSGovernment": "api.ml.azure.us",
+    "AzureChinaCloud": "api.ml.azure.cn",
+}
+_REGION = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+def https_base(tracking_uri: str, endpoint: str | None = None,
+               cloud: str = "AzureCloud") -> str:
     """``azureml://eastus.api.azureml.ms/mlflow/v1.0/...`` -> ``https://...`` (no query);
-    with ``endpoint``, its scheme and host replace the tracking URI's (tests, proxies)."""
+    with ``endpoint``, its scheme and host replace the tracking URI's (tests, proxies).
+    The tracking URI's host must be an Azure ML API host of ``cloud``, else MlflowError."""
     parts = urlsplit(tracking_uri)
     if not parts.netloc or not parts.path.strip("/"):
         raise MlflowError(f"tracking URI {tracking_uri!r} has no host or path")
+    domain = AZURE_ML_HOSTS[cloud]
+    region, dot, rest = (parts.hostname or "").partition(".")
+    if parts.port not in (None, 443) or parts.username or not dot or rest != domain \
+            or not _REGION.match(region):
+        raise MlflowError(f"tracking URI host {parts.netloc!r} is not an Azure ML host of "
+                          f"{cloud} (REGION.{domain}): the token is not sent there")
     scheme, host = "https", parts.netloc
     if endpoint:
         over = urlsplit(endpoint)
