@@ -107,6 +107,18 @@ class _SeenLogs(list[LogLine]):
         self._reads.names.add(_LOGS)
         return super().__len__()
 
+    def __reversed__(self) -> Iterator[LogLine]:
+        self._reads.names.add(_LOGS)
+        return super().__reversed__()
+
+    def __contains__(self, item: object) -> bool:
+        self._reads.names.add(_LOGS)
+        return super().__contains__(item)
+
+    def copy(self) -> list[LogLine]:
+        self._reads.names.add(_LOGS)
+        return list(super().__iter__())
+
 
 class _SeenContext(Context):
     """The tick's context, noting whether the rule read the clock or looked past its job."""

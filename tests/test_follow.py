@@ -183,3 +183,17 @@ def test_a_rule_with_state_does_linear_work_and_answers_as_without() -> None:
     RunningMax.touched = 0
     assert replay(None) == followed  # judged once each time: the same answers
     assert RunningMax.touched == len(t) * (len(t) + 1) // 2  # the square of the length
+
+
+def test_reading_the_log_lines_backwards_counts_as_reading_them() -> None:
+    class LastLine(_Counting):
+        name = "last_line"
+
+        def seen(self, job: Job, ctx: Context) -> str:
+            return next((line.text for line in reversed(job.logs)), "")
+
+    LastLine.runs = 0
+    followers = Followers()
+    followed = _tick_by_tick([LastLine()], followers)
+    assert LastLine.runs == 6 + 1
+    assert followed == _tick_by_tick([LastLine()], None)

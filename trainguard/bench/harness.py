@@ -1,6 +1,6 @@
 """The detection benchmark: trainguard's rules and today's tools over labelled runs.
 
-Every run in a labels file (and, on request, four faults injected into each healthy
+Every run in a labels file (and, on request, six faults injected into each healthy
 run with a time axis) is one *case*. On each case trainguard is replayed tick by tick
 (``trainguard.replay``) and every anchor (``trainguard.bench.anchors``) is asked where
 it would first have fired. Then, per detector and per label: runs flagged, recall,
