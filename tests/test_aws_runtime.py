@@ -500,6 +500,12 @@ def test_log_subscription_alarms_at_once_and_only_once(make_lambda: Any, moto_ur
     assert tick_result["findings"] >= 1 and tick_result["events"] == []
     assert fn.inbox.messages() == []
     assert [a.action for a in fn.audit()] == [AuditAction.SKIP_PERSISTENCE]
+    # The lines were consumed; no new ones: the next tick resolves the alarm, once.
+    fn.invoke(scheduled())
+    assert [m["Subject"] for m in fn.inbox.messages()] == [
+        "[trainguard] RESOLVED: logs on logs-a"]
+    fn.invoke(scheduled())
+    assert fn.inbox.messages() == []
 
 
 def test_a_log_alarm_no_sink_took_is_raised_by_the_next_tick(

@@ -48,7 +48,9 @@ class TickSource:
 
 class SeededStore:
     """The store, with the log alarms already sent between ticks added to the memory the
-    tick loads: the tick then counts those findings on instead of raising them again."""
+    tick loads: the tick then counts those findings on instead of raising them again.
+    The seeded memories are saved as they are loaded (the tick writes only what it
+    changes, and the seeds are gone once the tick consumed the log lines)."""
 
     def __init__(self, store: DynamoDBStore, seeds: dict[str, list[FindingMemory]],
                  source: str) -> None:
@@ -58,13 +60,19 @@ class SeededStore:
 
     def load_all(self) -> dict[str, JobMemory]:
         memories = self.store.load_all()
+        seeded: list[JobMemory] = []
         for key, found in self.seeds.items():
             mem = memories.get(key)
             if mem is None:
                 job_id = key.rsplit(":", 1)[-1]
                 mem = memories[key] = JobMemory(key, self.source, job_id, found[0].first_seen)
-            for fm in found:
-                mem.findings.setdefault(fm.key, fm)
+            new = [fm for fm in found if fm.key not in mem.findings]
+            for fm in new:
+                mem.findings[fm.key] = fm
+            if new:
+                seeded.append(mem)
+        if seeded:
+            self.store.save(seeded)  # conditional, like every write of the tick
         return memories
 
     def save(self, memories: list[JobMemory]) -> None:
