@@ -50,8 +50,9 @@ class DivergenceParams:
         5.0, "the training objective this many times its best level (the lowest median of "
         "3 points so far) is a divergence without NaN; noise near a best is a few-fold")
     regress_points: int = param(
-        2, "... when this many points in a row are there (as many as nan_points: one "
-        "logging interval after the first); it has recovered once recover_points are back")
+        4, "... when this many points in a row are there: more than a loss spike lasts "
+        "(a bad batch or a loss-scale skip is back within three logged points); it has "
+        "recovered once recover_points are back")
 
 
 def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -187,8 +188,8 @@ class Divergence(Rule):
         return f
 
     def _regressed(self, job: Job, s: Series) -> Finding | None:
-        """The objective many times its own best level, for a sustained stretch: as many
-        points in a row as a non-finite divergence needs (``regress_points``)."""
+        """The objective many times its own best level, for a sustained stretch of
+        ``regress_points`` points in a row."""
         p: DivergenceParams = self.params
         ok = np.isfinite(s.value)
         v = s.value[ok]
