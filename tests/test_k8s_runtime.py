@@ -121,6 +121,16 @@ def test_audit_keeps_the_most_recent_records(cm: ConfigMapReplay) -> None:
     assert len(cm.data[AUDIT_KEY].splitlines()) == 3
 
 
+def test_audit_trimming_never_drops_a_stop(cm: ConfigMapReplay) -> None:
+    s = ConfigMapStore.from_ref(core_for(cm), cm.ref, audit_keep=3)
+    actions = [AuditAction.STOP, AuditAction.SKIP_CAP, AuditAction.STOP_FAILED,
+               AuditAction.SKIP_CAP, AuditAction.SKIP_PERSISTENCE, AuditAction.SKIP_CAP]
+    for i, action in enumerate(actions):
+        s.append_audit([AuditRecord(float(i), "k", f"j{i}", "kubeflow", "f", "budget",
+                                    "critical", action, "r", False)])
+    assert [a.job_id for a in s.audit_log()] == ["j0", "j2", "j5"]
+
+
 def test_malformed_memory_names_the_configmap_and_key(cm: ConfigMapReplay) -> None:
     cm.data["job.broken.0123"] = '{"job_key": "x"'
     with pytest.raises(StateStoreError, match=r"ConfigMap trainguard/trainguard-state: "

@@ -11,8 +11,9 @@ one fails with ``StateConflict`` so that it stops, says and logs nothing.
 
 A ConfigMap holds at most 1 MiB. Only jobs with something to remember have a key (a
 finding, a stop, an alarm or record not yet delivered), so thousands of healthy jobs
-cost nothing; only the last ``audit_keep`` audit records stay here (the CronJob also
-writes every record to its log, which cluster logging keeps). When the job memories
+cost nothing; only the last ``audit_keep`` audit records stay here, besides every record
+of a stop, which is never dropped (the CronJob also writes every record to its log,
+which cluster logging keeps). When the job memories
 alone would pass the limit the write fails with ``StateStoreFull``, which says which
 store to use instead; the CronJob raises it as an alarm (lambdas/k8s/cronjob.py).
 """
@@ -154,7 +155,7 @@ class ConfigMapStore:
             old = data.get(AUDIT_KEY, "").splitlines()
             logged = {_record_id(line) for line in old}  # written twice: kept once
             kept = old + [line for rid, line in lines.items() if rid not in logged]
-            data[AUDIT_KEY] = "".join(f"{line}\n" for line in kept[-self.audit_keep:])
+            data[AUDIT_KEY] = "".join(f"{line}\n" for line in _trim(kept, self.audit_keep))
 
         if records:
             self._write("append to the audit log", change)
@@ -195,6 +196,28 @@ class ConfigMapStore:
             return
         raise StateStoreError(f"{self.where}: cannot {what}: still conflicting with other "
                               f"writers after {self.attempts} attempts")
+
+
+_KEEP_ALWAYS = {"stop", "stop_failed"}  # records of stops are never dropped here
+
+
+def _trim(lines: list[str], keep: int) -> list[str]:
+    """The newest ``keep`` records, but every record of a stop: older decisions go first
+    (the CronJob's log keeps them all)."""
+    if len(lines) <= keep:
+        return lines
+    stops = {i for i, line in enumerate(lines) if _action(line) in _KEEP_ALWAYS}
+    room = max(keep - len(stops), 0)
+    others = [i for i in range(len(lines)) if i not in stops]
+    chosen = stops | set(others[len(others) - room:] if room else [])
+    return [line for i, line in enumerate(lines) if i in chosen]
+
+
+def _action(line: str) -> Any:
+    try:
+        return json.loads(line).get("action")
+    except (ValueError, AttributeError):
+        return None
 
 
 def _record_id(line: str) -> Any:
