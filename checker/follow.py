@@ -141,17 +141,26 @@ def _seen_context(ctx: Context, reads: _Reads, state: dict[str, Any]) -> Context
 Key = tuple[Any, ...]
 
 
-def _key(names: set[str], job: Job, now: float) -> Key | None:
-    """What the rule read, as it stands in ``job`` at ``now``; None: never reuse."""
-    if _JOBS in names:
-        return None
-    series = sorted(job.series) if _ALL in names else sorted(names - {_LOGS, _NOW})
-    return (
-        job.state, job.end_time, job.restarts, len(job.restart_times),
-        tuple((k, len(job.series[k]) if k in job.series else -1) for k in series),
-        len(job.logs) if _LOGS in names else None,
-        now if _NOW in names else None,
-    )
+class _Read:
+    """What a rule read at its last run, ready to say whether that changed."""
+
+    def __init__(self, names: set[str], job: Job) -> None:
+        self.never = _JOBS in names  # other jobs or other rules' work: never reused
+        self.series = tuple(sorted(job.series) if _ALL in names
+                            else sorted(names - {_LOGS, _NOW, _JOBS}))
+        self.logs, self.now = _LOGS in names, _NOW in names
+
+    def key(self, job: Job, now: float) -> Key | None:
+        """What the rule read, as it stands in ``job`` at ``now``; None: never reuse."""
+        if self.never:
+            return None
+        series = job.series
+        return (
+            job.state, job.end_time, job.restarts, len(job.restart_times),
+            tuple([len(series[k]) if k in series else -1 for k in self.series]),
+            len(job.logs) if self.logs else None,
+            now if self.now else None,
+        )
 
 
 def _fresh(found: list[Finding]) -> list[Finding]:
@@ -165,7 +174,7 @@ class Follower:
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
-        self.names: set[str] | None = None  # what the rule read the last time it ran
+        self.read: _Read | None = None  # what the rule read the last time it ran
         self.key: Key | None = None
         self.found: list[Finding] = []
         self.runs = 0  # times the rule was run (the rest were reused)
@@ -174,16 +183,16 @@ class Follower:
 
     def check(self, job: Job, ctx: Context) -> list[Finding]:
         self.calls += 1
-        if self.names is not None and self.key is not None \
-                and _key(self.names, job, ctx.now) == self.key:
+        if self.read is not None and self.key is not None \
+                and self.read.key(job, ctx.now) == self.key:
             return _fresh(self.found)
         reads = _Reads()
         seen = dataclasses.replace(job, series=_SeenSeries(job.series, reads),
                                    logs=_SeenLogs(job.logs, reads))
         found = self.rule.check(seen, _seen_context(ctx, reads, self.state))
         self.runs += 1
-        self.names = reads.names
-        self.key = _key(reads.names, job, ctx.now)
+        self.read = _Read(reads.names, job)
+        self.key = self.read.key(job, ctx.now)
         self.found = _fresh(found)
         return found
 
