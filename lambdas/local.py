@@ -34,6 +34,7 @@ from checker.cost import progress
 from checker.model import Job, JobState
 from checker.policy import Policy
 from checker.rules.base import Rule
+from lambdas.pidguard import PidHandle
 from lambdas.sqlite_state import SQLiteStore
 from lambdas.state import AuditAction, AuditRecord
 from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
@@ -73,6 +74,8 @@ class Process:
         self.killed = False
         self.reported = False  # its end has been said
         self.group: int | None = None
+        # A bare PID is pinned to the process it names now: never signal a PID reuse.
+        self.handle = PidHandle(self.pid) if self.popen is None else None
         if self.popen is not None:
             with contextlib.suppress(OSError):
                 if os.getpgid(self.pid) == self.pid:  # it leads its own group
@@ -87,13 +90,8 @@ class Process:
             alive = code is None
         else:
             code = None
-            try:
-                os.kill(self.pid, 0)
-                alive = True
-            except ProcessLookupError:
-                alive = False
-            except PermissionError:
-                alive = True  # someone else's process, still there
+            assert self.handle is not None
+            alive = self.handle.alive()
         if not alive:
             self.exit_code, self.exited_at = code, now
         return alive
@@ -104,6 +102,8 @@ class Process:
         with contextlib.suppress(ProcessLookupError):  # it may have ended on its own
             if self.group is not None:
                 os.killpg(self.group, sig)
+            elif self.handle is not None:
+                self.handle.send(sig)
             else:
                 os.kill(self.pid, sig)
 
@@ -111,6 +111,8 @@ class Process:
         """Whether any process of the group (or the process) is left."""
         if self.popen is not None:
             self.popen.poll()  # reap it: a zombie still counts as a member of its group
+        if self.handle is not None:
+            return self.handle.alive()
         try:
             if self.group is not None:
                 os.killpg(self.group, 0)

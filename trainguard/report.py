@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from checker.model import Finding, Job, Severity, verdict
+from lambdas.message import clean
 from trainguard.replay import Fire, History, ReplayResult, Savings, first_record
 
 SCHEMA = "trainguard.check/v1"
@@ -269,7 +271,9 @@ def _sev(s: str) -> str:
 
 
 def _heading(console: Console, run: Run, verdict_: str, extra: str = "") -> None:
-    console.print(f"{_sev(verdict_)}  [bold]{run.job.id}[/]  {run.path}  "
+    # A remote job's id is its owner's to choose: no terminal control sequence, no markup.
+    console.print(f"{_sev(verdict_)}  [bold]{escape(clean(run.job.id))}[/]  "
+                  f"{escape(clean(run.path))}  "
                   f"({run.fmt or '?'}, {run.job.clock} clock{extra})", highlight=False,
                   soft_wrap=True)
 
