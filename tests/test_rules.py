@@ -56,7 +56,7 @@ def at_end(job: Job, policy: Policy | None = None, after: float = 0.0) -> list: 
 
 def test_every_rule_is_registered_with_documented_params() -> None:
     assert {"stall", "divergence", "plateau", "utilization", "restarts", "budget",
-            "logs"} <= set(rule_names())
+            "logs", "overfit"} <= set(rule_names())
     for name in rule_names():
         for pname, _default, doc in RULES[name].describe():
             assert doc, f"{name}.{pname} has no documentation"

@@ -342,3 +342,30 @@ def test_a_fine_tune_improving_slowly_near_some_ln_k_is_not_at_chance() -> None:
     loss = np.linspace(0.72, 0.70, 12) + np.random.default_rng(8).normal(0, 0.0005, 12)
     found = judged(job_of({"loss": (steps, loss)}), "plateau")
     assert [f for f in found if f.evidence["kind"] == "chance"] == []
+
+
+# ------------------------------------------------------------- which series a rule reads
+
+def test_series_are_told_apart_by_the_words_in_their_names() -> None:
+    from checker.metrics import is_eval, objective, primary, training_objective
+
+    steps = np.arange(10.0)
+    ones = np.ones(10)
+    yolo = job_of({"train/box_loss": (steps, ones), "train/cls_loss": (steps, 2 * ones),
+                   "val/box_loss": (steps, 3 * ones), "val/cls_loss": (steps, 4 * ones),
+                   "metrics/mAP50(B)": (steps, ones)})
+    assert is_eval("val/box_loss") and is_eval("outcome_val_loss") and is_eval("evalLoss")
+    assert not is_eval("train/box_loss") and not is_eval("interval_loss")
+    # no total is logged: the components are summed, on each side
+    train = training_objective(yolo, Policy())
+    assert train is not None and list(train.value) == [3.0] * 10
+    held = primary(yolo, Policy())
+    assert held is not None and list(held.value) == [7.0] * 10
+    # a logged total wins over components, its per-epoch form over its per-step one
+    lit = job_of({"train_loss_step": (steps, ones), "train_loss_epoch": (steps, 2 * ones),
+                  "val_loss": (steps, 3 * ones)})
+    obj = objective(lit, held_out=False)
+    assert obj is not None and obj.name == "train_loss_epoch"
+    # HF logs loss and eval_loss: the held-out one is the primary
+    hf = job_of({"loss": (steps, ones), "eval_loss": (steps[::2], ones[::2])})
+    assert (p := primary(hf, Policy())) is not None and p.name == "eval_loss"
