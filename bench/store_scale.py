@@ -2,9 +2,9 @@
 
     python bench/store_scale.py --jobs 1000 10000 --stores memory sqlite dynamodb table configmap
 
-"Steady": the fleet is unchanged since the tick before. One job in ten has a lasting
-warning (notify only: its memory changes every tick, so it is written every tick); the
-others are healthy (nothing to remember, nothing written). Findings come from one cheap
+"Steady": the fleet is unchanged since the tick before. A fraction of the jobs
+(``--lasting``, one in ten by default) has a lasting warning (notify only); the others
+are healthy (nothing to remember). Findings come from one cheap
 rule (the last loss above a limit), so the figure is the store's cost, not the rules'.
 Two warm-up ticks, then the median of ``--repeat`` steady ticks, in seconds; the ratio
 is to the in-memory store at the same size.
@@ -68,12 +68,14 @@ POLICY = Policy(rules={"loss_above": RuleConfig(actions={Severity.WARNING: Actio
 class Fleet:
     name = "fleet"
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, lasting: float) -> None:
+        every = round(1 / lasting) if lasting > 0 else 0
         t = np.array([T0 - 600.0, T0 - 300.0])
         self.jobs = [Job(id=f"ml-team/pytorchjob/job-{i:05d}", provider="bench",
                          scope="lab/ml-team", hourly_price=32.0, start_time=T0 - 3600,
                          series={"loss": Series("loss", t, np.array([1.0, 2.0]),
-                                                np.array([2.0, 50.0 if i % 10 == 0 else 1.5]))})
+                                                np.array([2.0, 50.0 if every and i % every == 0
+                                                          else 1.5]))})
                      for i in range(n)]
 
     def list_jobs(self, now: float) -> list[Job]:
@@ -113,9 +115,10 @@ def dynamodb() -> Iterator[StateStore]:
     session: Any = boto3.Session(aws_access_key_id="x", aws_secret_access_key="x",
                                  region_name="us-east-1")
     client = session.client("dynamodb", endpoint_url=f"http://{host}:{port}")
-    create_table(client, "state")
+    name = f"state-{uuid.uuid4().hex[:8]}"  # moto's backend is one per process
+    create_table(client, name)
     try:
-        yield DynamoDBStore(client, "state")
+        yield DynamoDBStore(client, name)
     finally:
         server.stop()
 
@@ -151,9 +154,9 @@ STORES: dict[str, Callable[[], contextlib.AbstractContextManager[StateStore]]] =
     "configmap": configmap}
 
 
-def steady(store: StateStore, n: int, repeat: int) -> tuple[float, int]:
-    """Median seconds of a steady tick, and memories written per steady tick."""
-    fleet = Fleet(n)
+def steady(store: StateStore, n: int, repeat: int, lasting: float) -> tuple[float, int]:
+    """Median seconds of a steady tick, and job memories written per steady tick."""
+    fleet = Fleet(n, lasting)
     rules: list[Rule] = [LossAbove()]
     for k in range(2):  # warm up: findings seen, alarms decided, memories written
         tick([fleet], POLICY, store, [], now=T0 + INTERVAL * k, rules=rules)
@@ -172,6 +175,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--stores", nargs="+", default=list(STORES), choices=list(STORES))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--lasting", type=float, default=0.1,
+                    help="fraction of jobs with a lasting finding")
     args = ap.parse_args()
     print(f"{'store':<10} {'jobs':>6} {'steady tick s':>14} {'x memory':>9} {'writes':>7}")
     base: dict[int, float] = {}
@@ -179,7 +184,7 @@ def main() -> None:
         for name in ["memory", *[s for s in args.stores if s != "memory"]]:
             try:
                 with STORES[name]() as store:
-                    seconds, writes = steady(store, n, args.repeat)
+                    seconds, writes = steady(store, n, args.repeat, args.lasting)
             except BaseException as e:  # a missing server (pytest's skip) or a full store
                 if isinstance(e, KeyboardInterrupt):
                     raise
