@@ -28,8 +28,8 @@ def run(loss: np.ndarray, *, dt: float = 10.0, extra: dict[str, np.ndarray] | No
         **job: object) -> Job:
     """A running job logging ``loss`` every ``dt`` seconds, one step per record."""
     n = len(loss)
-    t = T0 + np.arange(n) * dt
-    step = np.arange(n, dtype=float)
+    t = T0 + np.arange(n, dtype=np.float64) * dt
+    step = np.arange(n, dtype=np.float64)
     series = {"loss": Series("loss", t.copy(), step.copy(), loss),
               "step": Series("step", t.copy(), step.copy(), step.copy())}
     for name, values in (extra or {}).items():
@@ -161,7 +161,7 @@ def test_unlearnt_cadence_uses_the_debugger_default() -> None:
 @pytest.mark.parametrize(("util", "words"), [(95.0, "hung collective"), (2.0, "GPUs idle")])
 def test_stall_says_which_kind_from_gpu_utilisation(util: float, words: str) -> None:
     job = run(decaying(100), dt=10.0)
-    t = T0 + np.arange(200) * 10.0
+    t = T0 + np.arange(200, dtype=np.float64) * 10.0
     job.series["gpu_util"] = Series("gpu_util", t, np.full(200, np.nan), np.full(200, util))
     (f,) = only(evaluate([job], Policy(), float(t[-1])), "stall")
     assert words in f.message
@@ -360,8 +360,8 @@ def _heartbeating(minutes: float, beat_every: float = 30.0, ended: bool = False)
     job.series["heartbeat"] = Series("heartbeat", bt, nan, bt - t_last)
     job.series["heartbeat/eval"] = Series("heartbeat/eval", bt.copy(), nan.copy(), bt - t_last)
     if ended:
-        job.series["pause_seconds"] = Series("pause_seconds", bt[-1:] + 1, [np.nan],
-                                             [minutes * 60])
+        job.series["pause_seconds"] = Series("pause_seconds", bt[-1:] + 1, np.array([np.nan]),
+                                             np.array([minutes * 60.0]))
     return job
 
 
