@@ -4,7 +4,7 @@ read has changed, and otherwise answers exactly as re-running it would."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -197,3 +197,40 @@ def test_reading_the_log_lines_backwards_counts_as_reading_them() -> None:
     followed = _tick_by_tick([LastLine()], followers)
     assert LastLine.runs == 6 + 1
     assert followed == _tick_by_tick([LastLine()], None)
+
+
+def test_the_logs_rule_followed_reads_each_line_once_and_finds_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real ``logs`` rule over a 2,000-line log with failure lines here and there, tick
+    by tick: the same findings followed as judged afresh, each line matched once. (The
+    signature matcher is wrapped to count its calls; it still does the matching.)"""
+    from checker.rules import logs as logs_rule
+    from checker.rules.logs import Logs
+    from checker.signatures import match as real
+
+    calls = 0
+
+    def counting(text: str) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(text)
+
+    monkeypatch.setattr(logs_rule, "match", counting)
+    bad = {300: "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+           900: "Traceback (most recent call last):",
+           1500: "RuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB"}
+    lines = [LogLine(float(i), bad.get(i, f"step {i} loss 1.0")) for i in range(2_000)]
+    t = np.arange(2_000.0)
+    job = Job(id="run", clock="elapsed", state=JobState.RUNNING, logs=lines,
+              series={"loss": Series("loss", t, t, np.ones(len(t)))})
+    policy = Policy()
+
+    def replay(followers: Followers | None) -> list[list[tuple[str, str, str]]]:
+        return [[(f.severity.value, f.message, repr(f.evidence)) for f in evaluate(
+            [job.until(x)], policy, x, rules=[Logs()], followers=followers)]
+            for x in range(0, 2_000, 5)]
+
+    followed = replay(Followers())
+    assert calls == 1_996  # every line up to the last tick (1,995), matched once
+    assert replay(None) == followed
+    assert followed[-1] and "2 line(s)" in followed[-1][0][1]
