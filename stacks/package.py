@@ -16,6 +16,7 @@ its size.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -49,15 +50,42 @@ def wheel_cache() -> Path:
     return Path(os.environ.get("TRAINGUARD_WHEEL_CACHE", ROOT / ".tools" / "wheels"))
 
 
+#: the SHA-256 of every wheel the packages ship, in ``sha256sum`` format (``cd CACHE &&
+#: sha256sum -c stacks/wheels.sha256`` checks a cache by hand). A wheel is downloaded
+#: with ``--require-hashes`` and checked again before it is packed: a wheel whose bytes
+#: differ, or a pin with no recorded hash, fails the build (issue 16).
+LOCK = ROOT / "stacks" / "wheels.sha256"
+
+
+def load_lock(path: Path = LOCK) -> dict[str, str]:
+    """wheel file name -> its SHA-256, from ``path``."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        digest, _, name = line.partition("  ")
+        if len(digest) != 64 or not name.endswith(".whl"):
+            raise RuntimeError(f"{path}:{n}: expected 'SHA256  NAME.whl', got {line!r}")
+        out[name] = digest
+    return out
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _stem(pin: str) -> tuple[str, str]:
     name, version = pin.split("==")
     return name.replace("-", "_").lower(), version
 
 
-def _matches(cache: Path, pin: str) -> list[Path]:
+def _is(name: str, pin: str) -> bool:
     stem, version = _stem(pin)
-    return sorted(p for p in cache.glob("*.whl")
-                  if p.name.lower().startswith(f"{stem}-{version}-"))
+    return name.lower().startswith(f"{stem}-{version}-")
+
+
+def _matches(cache: Path, pin: str) -> list[Path]:
+    return sorted(p for p in cache.glob("*.whl") if _is(p.name, pin))
 
 
 def _code_files(root: Path) -> Iterator[tuple[str, Path]]:
@@ -88,14 +116,28 @@ class Package:
     limit_bytes: int | None = None  # refuse a bigger zip
     root_files: tuple[tuple[str, str], ...] = ()  # (name in the zip, repository path)
 
-    def fetch_wheels(self, cache: Path | None = None) -> list[Path]:
-        """The pinned wheels, downloaded into the cache when missing."""
+    def fetch_wheels(self, cache: Path | None = None,
+                     lock_path: Path | None = None) -> list[Path]:
+        """The pinned wheels, downloaded into the cache when missing, each checked
+        against its recorded SHA-256."""
         cache = cache or wheel_cache()
         cache.mkdir(parents=True, exist_ok=True)
+        lock = load_lock(lock_path or LOCK)
+        hashes = {pin: sorted(h for name, h in lock.items() if _is(name, pin))
+                  for pin in self.wheels}
+        unpinned = [pin for pin, found in hashes.items() if not found]
+        if unpinned:
+            raise RuntimeError(f"unpinned input: no SHA-256 recorded for {', '.join(unpinned)} "
+                               f"in {lock_path or LOCK}")
         missing = [w for w in self.wheels if not _matches(cache, w)]
         if missing:
+            requirements = cache / ".requirements.txt"
+            requirements.write_text("".join(
+                f"{pin} " + " ".join(f"--hash=sha256:{h}" for h in hashes[pin]) + "\n"
+                for pin in missing))
             cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                   "--dest", str(cache), *PLATFORM, *missing]
+                   "--require-hashes", "--dest", str(cache), *PLATFORM,
+                   "-r", str(requirements)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"cannot download the {self.kind} package's wheels into "
@@ -106,6 +148,11 @@ class Package:
             found = _matches(cache, pin)
             if not found:
                 raise RuntimeError(f"wheel {pin} missing from {cache} after download")
+            digest = sha256_of(found[0])
+            if lock.get(found[0].name) != digest:
+                raise RuntimeError(f"{found[0]}: SHA-256 {digest} is not the one recorded in "
+                                   f"{lock_path or LOCK} ({lock.get(found[0].name)}): "
+                                   "refusing to pack it")
             wheels.append(found[0])
         return wheels
 
