@@ -195,6 +195,7 @@ def summary(report: TickReport) -> dict[str, Any]:
                        for e in report.events],
             "stops": [a.to_dict() for a in report.stops],
             "source_errors": report.source_errors, "sink_errors": report.sink_errors,
+            "skipped": report.skipped,
             "warnings": report.warnings}
 
 

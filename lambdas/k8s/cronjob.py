@@ -257,6 +257,7 @@ def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
     problems = [f"source {k}: {v}" for k, v in report.source_errors.items()]
     problems += [f"job {e.ref}: {e.reason}" for e in runtime.adapter.errors]
     problems += [f"sink {e}" for e in report.sink_errors]
+    problems += [f"malformed job {ref}: {why}" for ref, why in report.skipped.items()]
     gateway = runtime.opts.get("pushgateway_url")
     if gateway:
         env = runtime.opts.get("environment")

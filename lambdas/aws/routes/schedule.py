@@ -63,6 +63,8 @@ def report_tick(rt: Runtime, report: TickReport) -> dict[str, Any]:
                      extra={"source": name, "reason": reason})
     for reason in report.sink_errors:
         logger.error("alarm sink failed", extra={"reason": reason})
+    for ref, reason in report.skipped.items():
+        logger.error("malformed job skipped", extra={"job": ref, "reason": reason})
     stops = [a.to_dict() for a in report.stops]
     for a in stops:
         logger.warning("stop" if not a["dry_run"] else "would stop (dry run)", extra=a)
@@ -74,6 +76,7 @@ def report_tick(rt: Runtime, report: TickReport) -> dict[str, Any]:
     summary = {"route": "schedule", "jobs": report.jobs, "findings": len(report.findings),
                "events": [f"{e.kind} {e.job_key} {e.memory.rule}" for e in report.events],
                "stops": [f"{a['action']} {a['job_id']}" for a in stops],
-               "source_errors": report.source_errors, "sink_errors": report.sink_errors}
+               "source_errors": report.source_errors, "sink_errors": report.sink_errors,
+               "skipped": report.skipped}
     logger.info("tick done", extra=summary)
     return summary
