@@ -293,3 +293,41 @@ def test_a_flaky_sink_gets_every_raise_and_every_resolve() -> None:
     assert {k for k in got if k[1] == "resolve"} == {(f"j{i}", "resolve", "loss_above")
                                                      for i in range(10)}
     assert Counter((j, k) for _, j, k, _ in flaky.got).most_common(1)[0][1] == 1
+
+
+def test_two_watchers_on_one_sqlite_file_at_once_stop_each_job_once(tmp_path: Path) -> None:
+    """The issue's case, with real concurrency: two watchers (threads, each its own
+    connection, each its own view of the provider, which has not yet shown the other's
+    stops) tick at the same moment over 200 bad jobs, ten times over."""
+    import threading
+
+    from lambdas.sqlite_state import SQLiteStore
+
+    for trial in range(10):
+        path = tmp_path / f"watch-{trial}.sqlite"
+        sources = [FakeSource("fake", [make_job(f"j{i}", 500.0) for i in range(200)])
+                   for _ in range(2)]
+        start = threading.Barrier(2)
+        lost: list[str] = []
+
+        def watcher(src: FakeSource, lost: list[str] = lost, path: Path = path,
+                    start: threading.Barrier = start) -> None:
+            store = SQLiteStore(path)
+            start.wait()
+            try:
+                tick([src], policy(cap=200), store, [], now=T0, rules=RULES)
+            except StateStoreError as e:
+                lost.append(str(e))
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=watcher, args=(s,)) for s in sources]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stops = Counter(job for s in sources for job in s.stops)
+        assert len(stops) == 200 and max(stops.values()) == 1, f"trial {trial}"
+        check = SQLiteStore(path)
+        assert len([a for a in check.audit_log() if a.action == AuditAction.STOP]) == 200
+        check.close()
