@@ -3,7 +3,8 @@
     .venv/bin/trainguard bench LABELS.csv... --by family --format json > bench.json
     python bench/bench_tables.py bench.json
 
-Prints, per rule, one table with a row per detector (trainguard's rule first, then each
+Prints the head-to-head over every case as the command's table has it; then, per rule,
+one table with a row per detector (trainguard's rule first, then each
 tool that competes with it) and a column per family, each cell ``recall · false alarms on
 healthy runs · on spiky runs`` over the real runs (injected faults are in the
 ``injected`` column); then the bar, and every place where a tool did better than
@@ -52,7 +53,25 @@ def tables(data: dict[str, Any]) -> str:
         if h["family"] == "all":
             kinds[h["rule"]] = h["label"]
             detectors.setdefault(h["rule"], []).append(h["detector"])
-    out = []
+    out = ["Head to head over every case (real and injected), as the command prints it:\n",
+           "| rule (label) | detector | found | false alarms (healthy or spiky) | median delay "
+           "| vs trainguard |", "|---|---|---|---|---|---|"]
+    for h in data["head_to_head"]:
+        if h["family"] != "all":
+            continue
+        mine = h["detector"].startswith("trainguard")
+        b = h["bad"]
+        delay = " / ".join(x for x in (
+            f"{b['delay_steps_median']:,.0f} st" if b["delay_steps_median"] is not None else "",
+            f"{b['delay_min_median']:.3g} min" if b["delay_min_median"] is not None else "")
+            if x) or "—"
+        out.append(f"| {h['rule'] + ' (' + h['label'] + ')' if mine else ''} | "
+                   f"{'**' + h['detector'] + '**' if mine else h['detector']} | "
+                   f"{b['flagged']}/{b['runs']} | "
+                   f"{h['healthy']['flagged']}/{h['healthy']['runs']} | "
+                   f"{delay} | {h['verdict']} |")
+    out.append("")
+    out.append("Per family, real runs only:\n")
     for kind, label in kinds.items():
         cols = ["all (real runs)", *families] + (["injected"] if has_injected else [])
         out.append(f"**{kind}** (`{label}` runs found · false alarms on `healthy` · on "
