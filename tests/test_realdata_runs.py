@@ -121,15 +121,20 @@ def cadence(s: Series, step: float) -> float:
     return float(st[i] - st[i - 1]) if i > 0 else 0.0
 
 
-def first_past(s: Series, factor: float, points: int) -> float | None:
-    """The step of the last of the first ``points`` points in a row at which ``s`` stood
-    ``factor`` times its best level before them (the lowest median of three points)."""
+def first_past(s: Series, d: DivergenceParams) -> float | None:
+    """The step of the last of the first ``regress_points`` points in a row at which ``s``
+    stood ``regress_factor`` times its best level before them (the lowest median of three
+    points) and had lost ``regress_lost`` of what it had learnt."""
     v = s.value
+    points = d.regress_points
     run = 0
+    start = float(np.median(v[:3]))
     for i in range(len(v)):
         before = v[: i - 2] if i >= 5 else v[:0]
         levels = [float(np.median(v[j:j + 3])) for j in range(len(before))]
-        run = run + 1 if levels and v[i] >= factor * min(levels) else 0
+        best = min(levels) if levels else np.inf
+        lost = v[i] >= best + d.regress_lost * max(start - best, 0.0)
+        run = run + 1 if levels and v[i] >= d.regress_factor * best and lost else 0
         if run >= points:
             return float(s.step[i])
     return None
@@ -169,8 +174,7 @@ def test_every_diverged_run_is_critical_within_one_logging_interval(rows: list[R
     for r, f, at in late:
         assert f.evidence["kind"] == "regressed", r.run
         s = job_of(r.run).series[f.evidence["metric"]]
-        d = DivergenceParams()
-        past = first_past(s, d.regress_factor, d.regress_points)
+        past = first_past(s, DivergenceParams())
         assert past is not None and at <= past + cadence(s, past), (r.run, at, past)
     # Every miss is a run the corpus itself is unsure of, and each is said for what the
     # rules take it to be: non-finite values in evaluation only (the training loss is

@@ -369,3 +369,12 @@ def test_series_are_told_apart_by_the_words_in_their_names() -> None:
     # HF logs loss and eval_loss: the held-out one is the primary
     hf = job_of({"loss": (steps, ones), "eval_loss": (steps[::2], ones[::2])})
     assert (p := primary(hf, Policy())) is not None and p.name == "eval_loss"
+
+
+def test_a_loss_near_zero_bouncing_many_fold_has_not_diverged() -> None:
+    steps = np.arange(120.0)
+    # learnt 2.0 -> 1e-4, then bounces to 6-8e-4 for a stretch: many-fold, but it has
+    # given back none of what it learnt
+    loss = np.concatenate([np.geomspace(2.0, 1e-4, 80), np.full(20, 1e-4), np.full(20, 7e-4)])
+    found = judged(job_of({"loss": (steps, loss)}), "divergence")
+    assert [f for f in found if f.severity is Severity.CRITICAL] == []

@@ -53,6 +53,9 @@ class DivergenceParams:
         4, "... when this many points in a row are there: more than a loss spike lasts "
         "(a bad batch or a loss-scale skip is back within three logged points); it has "
         "recovered once recover_points are back")
+    regress_lost: float = param(
+        0.5, "... and has given back at least this fraction of what it had learnt (its "
+        "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
 
 
 def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -198,9 +201,12 @@ class Divergence(Rule):
             return None  # too short, or no floor to measure a ratio against
         # best[i]: the lowest level (median of three points) wholly before point i, so a
         # single lucky low point is not a best and point i is not its own reference.
+        levels = rolling_median3(v)
         best = np.full(n, np.inf)
-        best[3:] = np.minimum.accumulate(rolling_median3(v))[: n - 3]
-        high = v >= p.regress_factor * best
+        best[3:] = np.minimum.accumulate(levels)[: n - 3]
+        first = float(levels[0])
+        high = (v >= p.regress_factor * best) & (
+            v >= best + p.regress_lost * np.maximum(first - best, 0.0))
         idx = np.flatnonzero(ok)
         out: Finding | None = None
         for start, length in _runs(high):

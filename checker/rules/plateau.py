@@ -71,7 +71,9 @@ class PlateauParams:
     chance_max_classes: int = param(
         2, "without an accuracy to confirm K, only ln 2 .. ln of this are chance levels: "
         "ln 3 .. ln 10 lie where many language-model losses do")
-    chance_min_points: int = param(3, "points needed to call a loss at chance level")
+    chance_min_points: int = param(
+        5, "points needed to call a loss at chance level (a run may sit there for its "
+        "first few evaluations before it learns)")
     chance_acc_tolerance: float = param(
         0.15, "chance level: an accuracy within this fraction of 1/K names K")
 
