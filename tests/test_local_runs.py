@@ -179,7 +179,10 @@ def test_ids_are_the_nearest_distinguishing_parts() -> None:
     assert distinguishing_ids([["a", "lightning_logs", "version_0"],
                                ["b", "lightning_logs", "version_0"],
                                ["b", "lightning_logs", "version_1"]]) == [
-        "a/version_0", "b/version_0", "version_1"]
+        "a/version_0", "b/version_0", "b/version_1"]
+    # runs elsewhere keep their short names
+    assert distinguishing_ids([["logs", "resnet", "lr0.1"], ["logs", "vit", "lr0.1"],
+                               ["logs", "keras"]]) == ["resnet/lr0.1", "vit/lr0.1", "keras"]
     assert distinguishing_ids([["r", "run"], ["r", "run"]]) == ["r/run#1", "r/run#2"]
 
 
@@ -202,7 +205,7 @@ def test_ids_across_two_mlflow_stores_keep_experiment_and_run(tmp_path: Path) ->
              Found(tmp_path / "b" / "mlruns", "exp/run", job("2")),
              Found(tmp_path / "b" / "mlruns", "exp/other", job("3"))]
     assign_ids(found)
-    assert [f.job.id for f in found] == ["a/exp/run", "b/exp/run", "exp/other"]
+    assert [f.job.id for f in found] == ["a/exp/run", "b/exp/run", "b/exp/other"]
 
 
 # --- Hugging Face output folder ------------------------------------------------------------
@@ -242,3 +245,46 @@ def test_a_folder_with_tensorboard_runs_and_other_logs_finds_them_all(tmp_path: 
     out = doc(run_cli("check", tmp_path, "--format", "json"))
     assert sorted((r["id"], r["format"]) for r in out["runs"]) == [
         ("a", "tensorboard"), ("b", "tensorboard"), ("keras", "csv")]
+
+
+@pytest.mark.slow
+def test_real_lightning_versions_of_two_experiments(tmp_path: Path) -> None:
+    """Three real Lightning fits writing with its own CSVLogger and TensorBoardLogger (the
+    ``version_N`` folders every Lightning user has): three runs, named by experiment and
+    version; the one whose loss goes NaN is the critical one."""
+    torch = pytest.importorskip("torch", reason="pip install 'trainguard[train]'")
+    L = pytest.importorskip("lightning", reason="pip install 'trainguard[train]'")
+    pytest.importorskip("tensorboard", reason="pip install 'trainguard[formats]'")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self, nan_from: int | None) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 1)
+            self.nan_from = nan_from
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = torch.nn.functional.mse_loss(self.lin(batch[0]), batch[1])
+            if self.nan_from is not None and self.global_step >= self.nan_from:
+                loss = loss * math.nan
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
+    for exp, version, nan_from in (("expA", 0, None), ("expA", 1, 20), ("expB", 0, None)):
+        # both loggers in one version_N folder, as a user pairing them sets it
+        loggers = [CSVLogger(str(tmp_path / exp), version=version),
+                   TensorBoardLogger(str(tmp_path / exp), version=version)]
+        L.Trainer(max_steps=30, log_every_n_steps=1, logger=loggers, accelerator="cpu",
+                  enable_progress_bar=False, enable_model_summary=False,
+                  enable_checkpointing=False).fit(Tiny(nan_from), data)
+    out = doc(run_cli("check", tmp_path, "--format", "json"))
+    verdicts = {r["id"]: r["verdict"] for r in out["runs"]}
+    assert verdicts == {"expA/version_0": "ok", "expA/version_1": "critical",
+                        "expB/version_0": "ok"}, verdicts

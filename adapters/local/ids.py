@@ -2,7 +2,9 @@
 
 ``lightning_logs/version_0`` beside ``lightning_logs/version_1`` are ``version_0`` and
 ``version_1``; ``a/lightning_logs/version_0`` beside ``b/lightning_logs/version_0`` are
-``a/version_0`` and ``b/version_0`` (the shared ``lightning_logs`` says nothing). File names
+``a/version_0`` and ``b/version_0`` (the shared ``lightning_logs`` says nothing), and a
+``a/lightning_logs/version_1`` beside them is ``a/version_1``: the runs of one folder
+are named alike. File names
 every run of a framework shares (``metrics.csv``, ``trainer_state.json``, an event file)
 are not ids: their folder is.
 """
@@ -49,12 +51,17 @@ def distinguishing_ids(names: Sequence[Sequence[str]]) -> list[str]:
         if not groups:
             break
         for group in groups:
-            # the nearest level (counted from the end) at which the group's paths differ
+            # the nearest level (counted from the end) at which the group's paths differ,
+            # given to the group and to the runs beside them (same folder), so that
+            # version_1 beside expA/version_0 reads expA/version_1
             depth = min(len(names[i]) for i in group)
             for back in range(2, depth + 1):
                 if len({names[i][-back] for i in group}) > 1:
-                    for i in group:
-                        chosen[i].append(len(names[i]) - back)
+                    folders = {tuple(names[i][:-1]) for i in group}
+                    for i, n in enumerate(names):
+                        j = len(n) - back
+                        if tuple(n[:-1]) in folders and j >= 0 and j not in chosen[i]:
+                            chosen[i].append(j)
                     break
             else:  # one path is a suffix of another: whole paths
                 for i in group:
