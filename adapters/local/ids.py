@@ -71,9 +71,9 @@ def distinguishing_ids(names: Sequence[Sequence[str]]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for id_ in ids:
-        n = seen.get(id_, 0)
-        seen[id_] = n + 1
-        out.append(id_ if ids.count(id_) == 1 else f"{id_}#{n + 1}")
+        count = seen.get(id_, 0) + 1
+        seen[id_] = count
+        out.append(id_ if ids.count(id_) == 1 else f"{id_}#{count}")
     return out
 
 
