@@ -74,6 +74,36 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+#: the container image's whole dependency closure, hash-locked (Containerfile)
+CONTAINER_LOCK = ROOT / "requirements" / "container.txt"
+
+
+def unpinned(requirements: Path) -> list[str]:
+    """``FILE:LINE: reason`` for every requirement of a pip requirements file that is not
+    an exact ``name==version`` with at least one ``--hash=sha256:`` (what
+    ``pip install --require-hashes`` needs of every line)."""
+    problems: list[str] = []
+    logical: list[tuple[int, str]] = []
+    start, text = 0, ""
+    for n, raw in enumerate(requirements.read_text().splitlines(), 1):
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not text:
+            start = n
+        text += " " + line.rstrip("\\").strip() if line else ""
+        if not line.endswith("\\") and text.strip():
+            logical.append((start, text.strip()))
+            text = ""
+    for n, req in logical:
+        name, *rest = req.split()
+        if name.startswith("-"):
+            problems.append(f"{requirements}:{n}: option {name!r} (only pinned requirements)")
+        elif "==" not in name or any(c in name for c in "<>~*,"):
+            problems.append(f"{requirements}:{n}: {name!r} is not pinned to one version")
+        elif not any(r.startswith("--hash=sha256:") for r in rest):
+            problems.append(f"{requirements}:{n}: {name!r} has no --hash=sha256:")
+    return problems
+
+
 def _stem(pin: str) -> tuple[str, str]:
     name, version = pin.split("==")
     return name.replace("-", "_").lower(), version

@@ -75,3 +75,48 @@ def test_a_bad_lock_line_names_the_file_and_line(tmp_path: Path) -> None:
     lock.write_text("# header\nnot-a-hash  x.whl\n")
     with pytest.raises(RuntimeError, match=r"wheels.sha256:2: expected"):
         package.load_lock(lock)
+
+
+# --- the container image ---------------------------------------------------------------
+
+CONTAINERFILE = package.ROOT / "Containerfile"
+
+
+def test_the_container_lock_pins_every_requirement_by_hash() -> None:
+    assert package.unpinned(package.CONTAINER_LOCK) == []
+
+
+def test_the_container_lock_holds_the_runtime_dependencies() -> None:
+    import re
+    import tomllib
+
+    project = tomllib.loads((package.ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["kubernetes"]]
+    locked = {re.split(r"==", ln, maxsplit=1)[0].lower().replace("_", "-")
+              for ln in package.CONTAINER_LOCK.read_text().splitlines()
+              if re.match(r"^[A-Za-z0-9]", ln)}
+    for dep in wanted:
+        name = re.split(r"[<>=~!\[ ]", dep, maxsplit=1)[0].lower().replace("_", "-")
+        assert name in locked, f"{dep} is not in {package.CONTAINER_LOCK}"
+
+
+def test_the_container_installs_only_from_the_lock() -> None:
+    text = CONTAINERFILE.read_text()
+    installs = [ln for ln in text.replace("\\\n", " ").splitlines() if "pip install" in ln]
+    assert len(installs) == 1, installs
+    (install,) = installs
+    assert "--require-hashes" in install and "-r requirements.txt" in install
+    assert "COPY requirements/container.txt ./requirements.txt" in text
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("numpy>=1.26\n", "is not pinned to one version"),
+    ("numpy==2.4.6\n", "has no --hash=sha256:"),
+    ("--index-url https://mirror.example/simple\nnumpy==2.4.6 \\\n    --hash=sha256:" + "a" * 64
+     + "\n", "option '--index-url'"),
+])
+def test_an_unpinned_container_input_is_caught(tmp_path: Path, line: str, why: str) -> None:
+    lock = tmp_path / "container.txt"
+    lock.write_text("# header\n" + line)
+    (problem,) = package.unpinned(lock)
+    assert problem.startswith(f"{lock}:2:") and why in problem
