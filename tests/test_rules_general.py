@@ -378,3 +378,10 @@ def test_a_loss_near_zero_bouncing_many_fold_has_not_diverged() -> None:
     loss = np.concatenate([np.geomspace(2.0, 1e-4, 80), np.full(20, 1e-4), np.full(20, 7e-4)])
     found = judged(job_of({"loss": (steps, loss)}), "divergence")
     assert [f for f in found if f.severity is Severity.CRITICAL] == []
+
+
+def test_plateau_says_a_held_out_loss_past_its_best_is_not_a_run_that_never_learnt() -> None:
+    (f,) = judged(overfit_run(val_end=3.0), "plateau")
+    assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"
+    assert "past its best" in f.message and "not learning" not in f.message
+    assert f.evidence["best_step"] == 9

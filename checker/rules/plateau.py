@@ -127,7 +127,7 @@ class Plateau(Rule):
                 {"points": len(v) - lo, "rel_improvement": improvement / level,
                  "run_rel_improvement": run_improvement / level, "noise_se": se / level,
                  "level": level})]
-        return [self._converged(job, ctx, s, int(idx[lo]), v, improvement, se, level)]
+        return [self._converged(job, ctx, s, int(idx[lo]), v, idx, improvement, se, level)]
 
     # --------------------------------------------------------------------- the tests
 
@@ -229,7 +229,7 @@ class Plateau(Rule):
     # ----------------------------------------------------------------- the findings
 
     def _converged(self, job: Job, ctx: Context, s: Series, at: int, v: FloatArray,
-                   improvement: float, se: float, level: float) -> Finding:
+                   idx: np.ndarray, improvement: float, se: float, level: float) -> Finding:
         p: PlateauParams = self.params
         now = ctx.now
         spent = cost.spent(job, ctx.policy, now)
@@ -237,14 +237,23 @@ class Plateau(Rule):
         saving = (projected - spent) if projected is not None and spent is not None else None
         end = cost.planned_end(job, now)
         hours_left = cost.hours_between(job, now, end) if end is not None else None
-        best = float(np.min(v)) if p.mode == "min" else float(np.max(v))
-        msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
-               f"({improvement / level:+.2%} over the last stretch): converged")
+        best_at = int(np.argmin(v)) if p.mode == "min" else int(np.argmax(v))
+        best = float(v[best_at])
+        best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
+        if improvement < -p.min_rel_improvement * level:
+            # A held-out loss getting worse while the training loss learns: past its best.
+            where = f" at step {best_step:g}" if best_step is not None else ""
+            msg = (f"{s.name} learnt and is now getting worse ({improvement / level:+.2%} over "
+                   f"the last stretch; best {best:.4g}{where}): past its best, converged")
+        else:
+            msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
+                   f"({improvement / level:+.2%} over the last stretch): converged")
         if saving is not None and saving > 0:
             msg += f"; stopping now would save ${saving:,.0f}"
         return self._finding(job, s, at, Severity.INFO, "converged", msg, {
             "rel_improvement": improvement / level, "noise_se": se / level, "level": level,
-            "best": best, "saving_usd": saving, "hours_left": hours_left})
+            "best": best, "best_step": best_step, "saving_usd": saving,
+            "hours_left": hours_left})
 
     def _finding(self, job: Job, s: Series, at: int, severity: Severity, kind: str,
                  message: str, evidence: dict[str, object]) -> Finding:
