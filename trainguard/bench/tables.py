@@ -103,7 +103,7 @@ def head_table(bench: Bench, family: str = ALL) -> Table:
 
 
 def bar_table(bench: Bench) -> Table:
-    t = Table(title="The bar (issue 3)", title_justify="left")
+    t = Table(title="The bar (issues 3 and 11)", title_justify="left")
     for col in ("", "check", "result", "runs that broke it"):
         t.add_column(col, overflow="fold")
     for c in bench.checks:
