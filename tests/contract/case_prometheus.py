@@ -21,6 +21,7 @@ from tests.contract import ContractCase, case
 from tests.servers import Samples, Server, openmetrics, prometheus, shared
 
 STEP_S = 30.0
+NS = "ml-team"
 
 
 def dataset(now: float) -> list[Samples]:
@@ -30,11 +31,17 @@ def dataset(now: float) -> list[Samples]:
     older = recent - 7200
     k = np.arange(60.0)
     return [
-        ("trainguard_step", {"run": "a", "job": "trainguard"}, recent, k * 10),
-        ("trainguard_loss", {"run": "a", "job": "trainguard"}, recent, 3.0 - k * 0.01),
-        ("trainguard_state", {"run": "a", "state": "Running"}, recent, np.ones(60)),
-        ("DCGM_FI_DEV_GPU_UTIL", {"pod": "a-worker-0", "gpu": "0"}, recent, np.full(60, 90.0)),
-        ("DCGM_FI_DEV_GPU_UTIL", {"pod": "a-worker-0", "gpu": "1"}, recent, np.full(60, 50.0)),
+        # a runs in the namespace ml-team (Prometheus sets the label from the scrape
+        # target): a Kubeflow job there reads it, one elsewhere does not
+        ("trainguard_step", {"run": "a", "job": "trainguard", "namespace": NS}, recent, k * 10),
+        ("trainguard_loss", {"run": "a", "job": "trainguard", "namespace": NS}, recent,
+         3.0 - k * 0.01),
+        ("trainguard_state", {"run": "a", "state": "Running", "namespace": NS}, recent,
+         np.ones(60)),
+        ("DCGM_FI_DEV_GPU_UTIL", {"pod": "a-worker-0", "gpu": "0", "namespace": NS}, recent,
+         np.full(60, 90.0)),
+        ("DCGM_FI_DEV_GPU_UTIL", {"pod": "a-worker-0", "gpu": "1", "namespace": NS}, recent,
+         np.full(60, 50.0)),
         # another job's GPU on the same node: must not count towards a's utilisation
         ("DCGM_FI_DEV_GPU_UTIL", {"pod": "b-worker-0", "gpu": "0"}, recent, np.zeros(60)),
         ("trainguard_step", {"run": "b"}, recent, k),
