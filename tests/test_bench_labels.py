@@ -240,3 +240,19 @@ def test_a_given_tick_is_checked_on_every_run_before_any_is_judged(corpus: Path)
         assert f"{labels}:6: run 'a/long.csv': tick 0.001 makes 20,000,001 ticks" \
             in result.output
         assert "at most 10,000,000" in result.output
+
+
+def test_a_stall_found_after_the_bound_is_found_late_not_missed(tmp_path: Path) -> None:
+    """Eight records 30 s apart, then the log stops: too little history to learn a cadence
+    from, so the stall rule waits its floor (longer than the bar's 10 min bound)."""
+    lines = ["step,elapsed,loss"] + [f"{i},{30.0 * i},{3 - 0.1 * i}" for i in range(8)]
+    (tmp_path / "stalled.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "labels.csv").write_text(HEADER + "stalled.csv,csv,stalled,,,loss,\n")
+    data = _json(tmp_path / "labels.csv")
+    warn = _detail(data, "stalled.csv")["trainguard"]["stall"]["warning"]
+    assert warn is not None and warn["time"] - 210.0 > 600.0  # found, after the bound
+    [head] = [h for h in data["head_to_head"] if h["detector"] == "trainguard stall"
+              and h["family"] == "all"]
+    assert head["bad"]["flagged"] == 1
+    [bound] = [c for c in data["bar"] if c["what"].startswith("every stall found within")]
+    assert not bound["passed"] and bound["detail"] == ["stalled.csv"]

@@ -84,7 +84,11 @@ MAX_RUNTIME_S = 86_400.0
 DEFAULT_INSTANCE = "Standard_ND96isr_H100_v5"
 #: The issue's bar for a stall: found within 3 x the run's p99 update interval, or 10 min.
 STALL_BOUND_FACTOR, STALL_BOUND_MIN_S = 3.0, 600.0
-#: Ticks past a stalled job's last record, up to the bound: the stall is then timed back.
+#: How long a stalled job is watched past its last record: as long as the slowest tool
+#: here needs (ClearML: 7,200 s, looked at every 900 s), so a stall trainguard finds
+#: late still counts as found (and late, against the bound above).
+STALL_WATCH_S = 7_200.0 + 2 * 900.0
+#: Ticks past a stalled job's last record, up to the watch: the stall is then timed back.
 HORIZON_TICKS = 200
 
 
@@ -287,7 +291,8 @@ class _Judge:
             last = result.start + (result.ticks - 1) * self.tick
             step = max(self.tick, (horizon - last) / HORIZON_TICKS)
             k, before = 1, last
-            while (t := last + k * step) <= horizon + step:
+            while (t := last + k * step) <= horizon + step \
+                    and ("stall", Severity.CRITICAL) not in first:  # nothing more to learn
                 for f in evaluate([self.cuts(t)], self.policy, t, rules=self.rules,
                                   followers=self.followers):
                     for level in (Severity.WARNING, Severity.CRITICAL):
@@ -379,7 +384,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
     if label == "stalled" and judge.timed and onset_time is not None:
         p99 = prog.p99_interval()
         case.stall_bound_s = max(STALL_BOUND_FACTOR * (p99 or 0.0), STALL_BOUND_MIN_S)
-        horizon = onset_time + case.stall_bound_s + 2 * judge.tick
+        horizon = onset_time + max(case.stall_bound_s, STALL_WATCH_S) + 2 * judge.tick
     case.trainguard = judge.detections(horizon)
     case.critical = judge.critical
     case.anchors, case.anchor_errors = _anchor_detections(job, metric)
