@@ -6,12 +6,15 @@ run with a time axis) is one *case*. On each case trainguard is replayed tick by
 it would first have fired. Then, per detector and per label: runs flagged, recall,
 false alarms, detection delay and what stopping at detection would have saved.
 
-How a detection is timed. The replay ticks every logging interval of the run (at most
+How a detection is timed. The replay ticks every logging interval of the run (no more
+often than the live watchdog's ``LIVE_TICK_S`` on a time axis, at most
 ``trainguard.replay.MAX_AUTO_TICKS`` ticks; ``--tick`` sets the interval) and finds the
 first tick at which a finding fires; between that tick and the one before, the rule is
 asked again at each record (and, on a time axis, by bisection down to ``resolution_s``
 where only time passed, as in a stall), so the delay is the rule's own, at record
 resolution like the anchors'. A live watchdog adds up to one of its own ticks to it.
+A stalled job is ticked on past its last record for ``STALL_WATCH_S``. Every rule of
+the policy is run, so a critical finding of any rule on a healthy case is seen.
 
 Which trainguard finding detects which label (``JUDGES``): ``diverged`` <- a
 ``divergence`` finding at critical; ``flat`` <- ``plateau`` at warning or above;
