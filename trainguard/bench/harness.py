@@ -42,6 +42,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -468,6 +469,16 @@ def add_katib(cases: list[Case]) -> None:
         c.katib_series = None  # done with it: keep the results small
 
 
+def _size(path: Path) -> int:
+    """Bytes in a run's file, or in its folder's files."""
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def check_run_ticks(row: Labelled, settings: Settings) -> None:
     """A given tick that would make too many ticks on this run: a ``BenchError``."""
     job = load(row)
@@ -495,9 +506,10 @@ def judge_all(rows: list[Labelled], policy: Policy, settings: Settings, jobs: in
             if advance:
                 advance()
     else:
+        # the largest runs first, so the longest replay does not start last
+        order = sorted(range(len(rows)), key=lambda i: -_size(rows[i].path))
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(judge_run, row, policy, settings): i
-                       for i, row in enumerate(rows)}
+            futures = {pool.submit(judge_run, rows[i], policy, settings): i for i in order}
             for fut in as_completed(futures):
                 done[futures[fut]] = fut.result()
                 if advance:
