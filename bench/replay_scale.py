@@ -12,6 +12,9 @@ policy and all its rules:
   grows when every record is a tick (the rules that read the training loss run at
   every tick; the others are skipped by their followers while their input is unchanged).
 
+* at one tick per record with no rule at all on ``--framework`` records: what the replay
+  itself costs (cutting the run, asking the rules).
+
 Prints one line per replay: records, ticks, wall seconds, microseconds per tick, and how
 many rule runs the followers spared.
 """
@@ -47,13 +50,15 @@ def run(records: int, val_every: int = 100, seed: int = 0) -> Job:
                        "val_loss": Series("val_loss", step[val], step[val], loss[val] + 0.1)})
 
 
-def measure(records: int, tick: float | None) -> str:
+def measure(records: int, tick: float | None, rules_on: bool = True) -> str:
     job, policy = run(records), default_policy()
-    rules, followers = build_rules(policy), Followers()
+    rules, followers = (build_rules(policy) if rules_on else []), Followers()
     began = time.perf_counter()
     result = replay(job, policy, tick, rules, followers)
     took = time.perf_counter() - began
     what = "default schedule" if tick is None else f"a tick every {tick:g} step"
+    if not rules_on:
+        what += ", no rule"
     return (f"{records:>9,} records, {what:<22} {result.ticks:>9,} ticks  {took:8.2f} s  "
             f"{took / result.ticks * 1e6:8.0f} us/tick  rules run {followers.runs:,} of "
             f"{followers.calls:,} times; {len(result.histories)} findings")
@@ -63,10 +68,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--per-record", type=int, nargs="*", default=[10_000, 20_000, 40_000])
+    ap.add_argument("--framework", type=int, default=200_000,
+                    help="records replayed at one tick per record with no rule: the cost of "
+                         "the replay itself (0: skip)")
     a = ap.parse_args()
     print(measure(a.records, None), flush=True)
     for n in a.per_record:
         print(measure(n, 1.0), flush=True)
+    if a.framework:
+        print(measure(a.framework, 1.0, rules_on=False), flush=True)
 
 
 if __name__ == "__main__":
