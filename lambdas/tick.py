@@ -68,6 +68,7 @@ MAX_ID_CHARS = 4096  # a longer job id is malformed (stores hash keys past their
 STOP_FAILED_RULE = "stop_failed"  # the alarm raised when the tick gives up on a stop
 CLOCK_KEY = "~tick-clock"  # the memory counting saved ticks (no job key starts with "~")
 CLOCK_GAPS = 9  # gaps between ticks the clock keeps; their median is the learnt interval
+OUTBOX_KEEP_S = 86400.0  # an alarm a sink has refused for a day is dropped (and reported)
 
 
 class Source(Protocol):
@@ -714,4 +715,10 @@ def send_outbox(memories: dict[str, JobMemory], listed: dict[str, tuple[Job, lis
                     report.sink_errors.append(f"{name}: {type(err).__name__}: {err}")
                 else:
                     pending.sent.append(name)
-        mem.outbox = [p for p in mem.outbox if not set(names) <= set(p.sent)]
+        left = [p for p in mem.outbox if not set(names) <= set(p.sent)]
+        stale = [p for p in left if report.time - p.time > OUTBOX_KEEP_S]
+        for p in stale:  # a sink down for a day: reminders say what still holds
+            report.warnings.append(
+                f"alarm {p.kind} {p.memory.rule} on {mem.job_key} dropped after "
+                f"{OUTBOX_KEEP_S / 3600:.0f} h: refused by {sorted(set(names) - set(p.sent))}")
+        mem.outbox = [p for p in left if p not in stale]

@@ -424,3 +424,15 @@ def test_a_given_interval_counts_from_the_first_tick(store: StateStore) -> None:
     assert src.stops == []
     tick([src], pol, store, [], now=1_120.0, rules=RULES, interval_s=60.0)
     assert src.stops == ["j"]
+
+
+def test_an_alarm_a_sink_refuses_for_a_day_is_dropped_and_said_so(store: StateStore) -> None:
+    src = FakeSource("fake", [make_job("j", 50.0)])
+    down = DownSink(down=10_000)
+    pol = policy(warning=Action.NOTIFY)
+    for hour in (0, 1, 23):
+        report = tick([src], pol, store, [down], now=1_000.0 + 3600 * hour, rules=RULES)
+        assert not any("dropped" in w for w in report.warnings)
+    report = tick([src], pol, store, [down], now=1_000.0 + 3600 * 25, rules=RULES)
+    dropped = [w for w in report.warnings if "dropped" in w]
+    assert len(dropped) == 1 and "raise loss_above" in dropped[0] and "DownSink" in dropped[0]
