@@ -381,7 +381,21 @@ def test_a_loss_near_zero_bouncing_many_fold_has_not_diverged() -> None:
 
 
 def test_plateau_says_a_held_out_loss_past_its_best_is_not_a_run_that_never_learnt() -> None:
-    (f,) = judged(overfit_run(val_end=3.0), "plateau")
+    (f,) = judged(overfit_run(val_end=0.55), "plateau")
     assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"
     assert "past its best" in f.message and "not learning" not in f.message
     assert f.evidence["best_step"] == 9
+
+
+def test_a_spike_on_the_first_few_evaluations_is_not_a_plateau() -> None:
+    steps = np.arange(5.0) * 250
+    # an LLM's first evaluations, the last three in a loss spike (3-10x for 1-3 points):
+    # on five points the noise scale is the spike's own, so only the spike rule sees it
+    loss = np.array([4.0, 3.9, 12.0, 13.0, 14.0])
+    assert judged(job_of({"val_loss": (steps, loss)}), "plateau") == []
+    # a climb that lasts longer than a spike is left to the divergence rule too
+    steps = np.arange(9.0) * 250
+    climb = np.array([4.0, 3.9, 3.8, 22.0, 25.0, 28.0, 31.0, 34.0, 37.0])
+    assert judged(job_of({"val_loss": (steps, climb)}), "plateau") == []
+    (div,) = judged(job_of({"val_loss": (steps, climb)}), "divergence")
+    assert div.severity is Severity.CRITICAL

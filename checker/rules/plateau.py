@@ -74,6 +74,12 @@ class PlateauParams:
     chance_min_points: int = param(
         5, "points needed to call a loss at chance level (a run may sit there for its "
         "first few evaluations before it learns)")
+    spike_factor: float = param(
+        2.0, "latest loss points this many times the best level (median of 3) reached "
+        "before them are a spike in progress (set aside) or a climb (left to the "
+        "divergence and overfit rules)")
+    spike_points: int = param(
+        3, "... a spike when at most this many points, a climb when more")
     chance_acc_tolerance: float = param(
         0.15, "chance level: an accuracy within this fraction of 1/K names K")
 
@@ -99,6 +105,13 @@ class Plateau(Rule):
             return []
         idx = np.flatnonzero(keep)
         sign = 1.0 if p.mode == "min" else -1.0
+        trailing = _trailing_spike(v, p.spike_factor) if p.mode == "min" else 0
+        if trailing > p.spike_points:
+            # A climb far above the best level reached: the divergence and overfit rules
+            # judge it; it is not a plateau.
+            return []
+        if trailing:  # a spike in progress: judge the points before it
+            x, v, idx = x[:-trailing], v[:-trailing], idx[:-trailing]
         x, v, idx = _calm(x, v, idx, sign)
         chance = self._chance(job, raw, v) if p.mode == "min" else None
         if chance is not None:
@@ -288,6 +301,17 @@ def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
     if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
         return t
     return np.arange(len(s), dtype=float)
+
+
+def _trailing_spike(v: FloatArray, factor: float) -> int:
+    """How many of the latest points stand ``factor`` times above the best level (median
+    of three) reached before them."""
+    if len(v) < 4 or float(np.min(v)) <= 0:
+        return 0
+    best = np.full(len(v), np.inf)
+    best[3:] = np.minimum.accumulate(rolling_median3(v))[: len(v) - 3]
+    high = v > factor * best
+    return len(v) - int(np.flatnonzero(~high)[-1]) - 1 if not high.all() else len(v)
 
 
 def _calm(x: FloatArray, v: FloatArray, idx: np.ndarray, sign: float
