@@ -117,7 +117,7 @@ def bench(
     result = harness.summarise(" + ".join(map(str, labels)), pol.name, rows, cases, settings)
     if plot is not None:
         for path in _plots(plot, rows, result.cases, settings):
-            err.print(f"wrote {path}", highlight=False)
+            err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     result.elapsed_s = time.perf_counter() - began
     if format is BenchFormat.json:
         typer.echo(dumps(result))
