@@ -139,6 +139,17 @@ def test_terminate_on_nan_reads_the_training_loss_not_val_loss() -> None:
     assert fire is not None and "loss not logged" in fire.reason
 
 
+def test_terminate_on_nan_without_a_loss_watches_the_training_losses_not_validation() -> None:
+    """A YOLO results.csv: no ``loss``, three training components and their validation
+    twins. NaN in validation only is not what Keras' ``logs["loss"]`` would hold."""
+    train = [series(f"train/{c}_loss", [3, 2, 1, 1]) for c in ("box", "cls", "dfl")]
+    val = series("val/box_loss", [3, NAN, NAN, 1])
+    assert KerasTerminateOnNaN().first_fire(job(*train, val), "val/box_loss") is None
+    train[1] = series("train/cls_loss", [3, 2, INF, 1])
+    fire = KerasTerminateOnNaN().first_fire(job(*train, val), "val/box_loss")
+    assert fire is not None and fire.step == 2 and "train/cls_loss" in fire.reason
+
+
 # -- Lightning EarlyStopping ------------------------------------------------------------------
 
 

@@ -160,7 +160,8 @@ class KerasTerminateOnNaN(Anchor):
     """keras.callbacks.TerminateOnNaN: stop at the first batch whose loss is NaN or inf.
 
     Source: keras-team/keras, keras/src/callbacks/terminate_on_nan.py (``on_batch_end``
-    reads ``logs["loss"]``, the training loss, and tests ``np.isnan or np.isinf``).
+    reads ``logs["loss"]``, the training loss, and tests ``np.isnan or np.isinf``). A run
+    that logs no ``loss`` is watched on its training losses (never a validation one).
     """
 
     name = "keras_terminate_on_nan"
@@ -170,12 +171,32 @@ class KerasTerminateOnNaN(Anchor):
         self.monitor = monitor
 
     def first_fire(self, job: Job, metric: str, peers: list[Job] | None = None) -> Fire | None:
+        watched, note = self._training_loss(job, metric)
+        first: Fire | None = None
+        for s in watched:
+            bad = np.flatnonzero(~np.isfinite(s.value))
+            if not len(bad):
+                continue
+            i = int(bad[0])
+            f = _fire(job, s, i, f"Keras TerminateOnNaN: {s.name}={s.value[i]} at batch {i}{note}")
+            if first is None or f.step < first.step:
+                first = f
+        return first
+
+    def _training_loss(self, job: Job, metric: str) -> tuple[list[Series], str]:
+        """``logs["loss"]`` is the training loss: the run's ``loss`` when it logs one, else
+        its training losses (a total NaN is any component NaN: YOLO's box, cls and dfl),
+        else ``metric``; never a validation loss, which Keras keeps apart."""
+        s = job.series.get(self.monitor)
+        if s is not None and len(s):
+            return [s], ""
+        train = [v for k, v in sorted(job.series.items())
+                 if len(v) and "loss" in k.lower() and not _is_validation(k)]
+        if train:
+            names = ", ".join(v.name for v in train)
+            return train, f" ({self.monitor} not logged; watched the training loss {names})"
         s, note = _monitored(job, self.monitor, metric)
-        bad = np.flatnonzero(~np.isfinite(s.value))
-        if not len(bad):
-            return None
-        i = int(bad[0])
-        return _fire(job, s, i, f"Keras TerminateOnNaN: {s.name}={s.value[i]} at batch {i}{note}")
+        return [s], note
 
 
 # -- PyTorch Lightning ------------------------------------------------------------------------
@@ -346,6 +367,20 @@ _VALIDATION = ("validation", "valid", "val", "eval", "test")
 _TRAINING = ("train", "training", "")
 
 
+def _validation_word(name: str) -> tuple[int, str] | None:
+    """Where a validation word starts a part of ``name`` (``val/``, ``eval_``), and which."""
+    low = name.lower()
+    for word in _VALIDATION:
+        at = low.find(word)
+        if at >= 0 and (at == 0 or not name[at - 1].isalnum()):
+            return at, word
+    return None
+
+
+def _is_validation(name: str) -> bool:
+    return _validation_word(name) is not None
+
+
 def _loss_pairs(job: Job) -> list[tuple[Series, Series]]:
     """(validation, training) loss series of one quantity, as logged side by side."""
     pairs = []
@@ -353,17 +388,16 @@ def _loss_pairs(job: Job) -> list[tuple[Series, Series]]:
     for name, val in sorted(names.items()):
         if "loss" not in name.lower():
             continue
-        for word in _VALIDATION:
-            at = name.lower().find(word)
-            if at < 0 or not (at == 0 or not name[at - 1].isalnum()):
-                continue  # the word at the start of a name part only ("val/", "_val_")
-            head, tail = name[:at], name[at + len(word):]
-            twins = [head + t + tail for t in _TRAINING if t] + [
-                (head + tail.lstrip("_/.-")) or ""]
-            train = next((names[t] for t in twins if t in names and t != name), None)
-            if train is not None:
-                pairs.append((val, train))
-                break
+        found = _validation_word(name)  # the word at the start of a name part only
+        if found is None:
+            continue
+        at, word = found
+        head, tail = name[:at], name[at + len(word):]
+        twins = [head + t + tail for t in _TRAINING if t] + [
+            (head + tail.lstrip("_/.-")) or ""]
+        train = next((names[t] for t in twins if t in names and t != name), None)
+        if train is not None:
+            pairs.append((val, train))
     return pairs
 
 
