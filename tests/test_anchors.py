@@ -109,6 +109,19 @@ def test_keras_monitors_val_loss_and_falls_back_to_the_loss_when_absent() -> Non
     assert "val_loss not logged; monitored train_loss" in fire.reason
 
 
+def test_keras_without_val_loss_monitors_the_runs_own_validation_loss() -> None:
+    """A YOLO or Trainer run names its validation loss otherwise: a Keras user would
+    monitor that, not the training loss the label is about."""
+    run = job(series("train/box_loss", [5, 6, 7, 8]), series("val/box_loss", [5, 4, 3, 2]),
+              series("val/cls_loss", [5, 4, 5, 2]))
+    assert KerasEarlyStopping().first_fire(run, "train/box_loss") is None  # val/box_loss falls
+    fire = KerasEarlyStopping().first_fire(run, "val/cls_loss")  # the label's own, if one
+    assert fire is not None and fire.step == 2
+    assert "monitored the validation loss val/cls_loss" in fire.reason
+    hf = job(series("loss", [5, 6, 7, 8]), series("eval_loss", [5, 4, 3, 2]))
+    assert KerasEarlyStopping().first_fire(hf, "loss") is None
+
+
 def test_keras_checks_each_logged_value_as_one_epoch_on_step_logs() -> None:
     s = series("val_loss", [5, 4, 4.5], steps=[0, 125, 250], times=[0, 200, 410])
     fire = KerasEarlyStopping().first_fire(job(s), "val_loss")

@@ -131,12 +131,27 @@ class KerasEarlyStopping(Anchor):
         self.baseline = baseline
         self.start_from_epoch = start_from_epoch
 
+    def _validation_loss(self, job: Job, metric: str) -> tuple[Series, str]:
+        """``val_loss`` when logged; else the run's own validation loss (``metric`` when it
+        is one, else the first by name: ``eval_loss``, ``val/box_loss``), as a Keras user
+        would name it to monitor; else ``metric``."""
+        s = job.series.get(self.monitor)
+        if s is not None and len(s):
+            return s, ""
+        val = [k for k, v in sorted(job.series.items())
+               if len(v) and "loss" in k.lower() and _is_validation(k)]
+        if val:
+            name = metric if metric in val else val[0]
+            return job.series[name], (f" ({self.monitor} not logged; monitored the validation "
+                                      f"loss {name})")
+        return _monitored(job, self.monitor, metric)
+
     def _improves(self, current: float, reference: float) -> bool:
         # mode min: monitor_op is less and min_delta is negated
         return current + self.min_delta < reference
 
     def first_fire(self, job: Job, metric: str, peers: list[Job] | None = None) -> Fire | None:
-        s, note = _monitored(job, self.monitor, metric)
+        s, note = self._validation_loss(job, metric)
         best, wait = math.inf, 0
         for epoch, value in enumerate(s.value):
             current = float(value)
