@@ -114,6 +114,14 @@ class ReplayResult:
     rule_calls: int = 0  # rule judgements asked for (rules x ticks)
     rule_runs: int = 0  # of those, the ones that ran the rule (the rest: input unchanged)
     timed_back: bool = False  # fires moved back from their tick to the record that made them
+    times: FloatArray | None = None  # the ticks
+
+    def tick_before(self, t: float) -> float:
+        """The tick before the one at ``t`` (-inf for the first)."""
+        if self.times is None:
+            return t - self.tick
+        at = int(self.times.searchsorted(t, "left"))
+        return float(self.times[at - 1]) if at > 0 else -math.inf
 
     @property
     def first_critical(self) -> History | None:
@@ -334,7 +342,7 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
                 h.escalations.append(fire)
             h.last_seen, h.finding = fire, f
     if timed_back:
-        _time_back(cuts, policy, rules, list(histories.values()), tick, step_at,
+        _time_back(cuts, policy, rules, list(histories.values()), times, step_at,
                    None if job.clock == "step" else resolution)
 
     end_time = job.end_time if job.end_time is not None else end
@@ -350,12 +358,13 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     result.savings = first.savings if first is not None else None
     result.rule_calls, result.rule_runs = followers.calls, followers.runs
     result.timed_back = timed_back
+    result.times = times
     result.elapsed_ms = (_time.perf_counter() - began) * 1e3
     return result
 
 
 def _time_back(cuts: Cuts, policy: Policy, rules: list[Rule], histories: list[History],
-               tick: float, step_at: Callable[[float], float | None],
+               times: FloatArray, step_at: Callable[[float], float | None],
                resolution: float | None) -> None:
     """Each history's first fire and escalations moved back from their tick to the
     record (or, in a silence, the moment) at which the finding first held."""
@@ -372,7 +381,9 @@ def _time_back(cuts: Cuts, policy: Policy, rules: list[Rule], histories: list[Hi
             def holds(f: Finding, key: str = h.key, rank: int = rank) -> bool:
                 return f.key == key and f.severity.rank >= rank
 
-            lo = max(fire.time - tick, moved[-1].time if moved else -math.inf)
+            at = int(times.searchsorted(fire.time, "left"))  # the tick before this one
+            before = float(times[at - 1]) if at > 0 else -math.inf
+            lo = max(before, moved[-1].time if moved else -math.inf)
             t, found = refine(cuts, policy, rule, holds, lo, fire.time, records, resolution)
             moved.append(Fire(t, step_at(t), found.severity if found else fire.severity))
         h.first, h.escalations = moved[0], moved[1:]

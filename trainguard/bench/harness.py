@@ -288,11 +288,11 @@ class _Judge:
                     if fire.severity.rank >= level.rank:
                         key = (h.rule, level)
                         if fire.time < first.get(key, (math.inf, 0.0))[0]:
-                            first[key] = (fire.time, fire.time - self.tick)
+                            first[key] = (fire.time, result.tick_before(fire.time))
         if horizon is not None and result.ticks:
             # past the last record only time passes: a few hundred ticks find the stall,
             # and refining times it to the resolution
-            last = result.start + (result.ticks - 1) * self.tick
+            last = float(result.times[-1]) if result.times is not None else result.end
             step = max(self.tick, (horizon - last) / HORIZON_TICKS)
             k, before = 1, last
             while (t := last + k * step) <= horizon + step \
