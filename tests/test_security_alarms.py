@@ -88,7 +88,9 @@ def test_the_chat_webhook_gets_no_markup_no_forged_line_and_the_job_id(tmp_path:
     assert "](https://evil" not in text  # no markdown link survives
     assert "\x1b" not in text and "\u202e" not in text
     assert body["subject"].startswith("[trainguard] CRITICAL: logs on bright_river_4k2m9x7q1z (")
-    assert "\n" not in body["fields"]["job"] and "<" not in body["fields"]["job"]
+    # the fields are data: one line each, the words kept as written
+    assert "\n" not in body["fields"]["job"] and "\x1b" not in body["fields"]["job"]
+    assert "<!channel>" in body["fields"]["job"]
 
 
 def test_log_excerpts_are_quoted_on_one_line() -> None:

@@ -130,10 +130,10 @@ class WebhookSink:
         if Severity(event.memory.severity).rank < self.min_rank:
             return
         message = render(event, self.dry_run)
-        # Slack and Teams read ``text`` as markup: a job's own words must stay words.
+        # Slack and Teams read ``text`` as markup: a job's own words must stay words. The
+        # fields are data for programs: one line each (lambdas.message), not escaped.
         body = {"text": chat_text(f"{message.subject}\n\n{message.text}"),
-                "subject": chat_text(message.subject),
-                "fields": {k: chat_text(v) for k, v in message.fields.items()},
+                "subject": chat_text(message.subject), "fields": message.fields,
                 "event": _plain(event.to_dict())}
         _post(self._client, self.url, body, "webhook", self.timeout)
 
