@@ -37,7 +37,8 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
     """
     rules = build_rules(policy) if rules is None else rules
     ctx = Context(now=now, policy=policy, jobs=jobs)
-    configs = {rule.name: policy.rule(rule.name) for rule in rules}
+    configs = ({rule.name: policy.rule(rule.name) for rule in rules} if followers is None
+               else followers.configs(policy, rules))
     findings: list[Finding] = []
     for job in jobs:
         found_here: list[Finding] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checker.model import Finding, Job, LogLine, Series
@@ -141,14 +142,36 @@ def _seen_context(ctx: Context, reads: _Reads, state: dict[str, Any]) -> Context
 Key = tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class Changed:
+    """What a caller knows changed in a job between two of its cuts (a replay knows it
+    from cutting): the cut at ``before`` to the cut at ``now``. With it a follower whose
+    input is untouched answers without comparing what it read."""
+
+    before: float
+    now: float
+    series: frozenset[str]  # the series that gained records
+    logs: bool  # new log lines
+    state: bool  # the job's state, end or restarts changed
+
+
 class _Read:
     """What a rule read at its last run, ready to say whether that changed."""
 
     def __init__(self, names: set[str], job: Job) -> None:
         self.never = _JOBS in names  # other jobs or other rules' work: never reused
-        self.series = tuple(sorted(job.series) if _ALL in names
+        self.all = _ALL in names
+        self.series = tuple(sorted(job.series) if self.all
                             else sorted(names - {_LOGS, _NOW, _JOBS}))
+        self.names = frozenset(self.series)
         self.logs, self.now = _LOGS in names, _NOW in names
+
+    def untouched(self, changed: Changed) -> bool:
+        """True when ``changed`` holds nothing this rule read."""
+        return not (self.never or self.now or changed.state
+                    or (self.logs and changed.logs)
+                    or (changed.series and (self.all or not self.names.isdisjoint(
+                        changed.series))))
 
     def key(self, job: Job, now: float) -> Key | None:
         """What the rule read, as it stands in ``job`` at ``now``; None: never reuse."""
@@ -179,13 +202,18 @@ class Follower:
         self.found: list[Finding] = []
         self.runs = 0  # times the rule was run (the rest were reused)
         self.calls = 0
+        self.seen_at: float | None = None  # the ``now`` of the last cut it was asked about
         self.state: dict[str, Any] = {}  # the rule's own, as ``ctx.state``
 
-    def check(self, job: Job, ctx: Context) -> list[Finding]:
+    def check(self, job: Job, ctx: Context, changed: Changed | None = None) -> list[Finding]:
         self.calls += 1
-        if self.read is not None and self.key is not None \
-                and self.read.key(job, ctx.now) == self.key:
-            return _fresh(self.found)
+        last, self.seen_at = self.seen_at, ctx.now
+        if self.read is not None and self.key is not None:
+            if changed is not None and changed.before == last and changed.now == ctx.now \
+                    and self.read.untouched(changed):
+                return _fresh(self.found) if self.found else []
+            if self.read.key(job, ctx.now) == self.key:
+                return _fresh(self.found)
         reads = _Reads()
         seen = dataclasses.replace(job, series=_SeenSeries(job.series, reads),
                                    logs=_SeenLogs(job.logs, reads))
@@ -203,13 +231,24 @@ class Followers:
 
     def __init__(self) -> None:
         self.by: dict[tuple[str, str], Follower] = {}
+        #: set by a replay before each tick: what changed since the tick before
+        self.changed: Changed | None = None
+        self._configs: tuple[object, tuple[str, ...], dict[str, Any]] | None = None
 
     def check(self, rule: Rule, job: Job, ctx: Context) -> list[Finding]:
         key = (job.id, rule.name)
         follower = self.by.get(key)
         if follower is None:
             follower = self.by[key] = rule.follow()
-        return follower.check(job, ctx)
+        return follower.check(job, ctx, self.changed)
+
+    def configs(self, policy: Any, rules: list[Rule]) -> dict[str, Any]:
+        """Each rule's policy config, read once for the whole replay."""
+        names = tuple(r.name for r in rules)
+        if self._configs is None or self._configs[0] is not policy \
+                or self._configs[1] != names:
+            self._configs = (policy, names, {n: policy.rule(n) for n in names})
+        return self._configs[2]
 
     @property
     def runs(self) -> int:

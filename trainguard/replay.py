@@ -27,13 +27,13 @@ import math
 import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from checker import cost
 from checker.evaluate import build_rules, evaluate
-from checker.follow import Followers
+from checker.follow import Changed, Followers
 from checker.model import Finding, FloatArray, Job, JobState, Series, Severity
 from checker.policy import Policy
 from checker.rules.base import Rule
@@ -217,14 +217,20 @@ class Cuts:
         t = np.fromiter((line.time for line in job.logs), np.float64, len(job.logs))
         self.log_times = t if bool(np.all(np.diff(t) >= 0)) else None
         self.heads: dict[str, Series] = {}
+        # what changed from the cut before to the last one made
+        self.grown: set[str] = set()
+        self.logs_grown = self.state_changed = True
+        self._last: tuple[Any, ...] | None = None
 
     def _series(self, t: float) -> dict[str, Series]:
         out = {}
+        self.grown = set()
         for k, s in self.job.series.items():
             n = int(s.time.searchsorted(t, "right"))
             last = self.heads.get(k)
             if last is None or len(last) != n:
                 last = self.heads[k] = _head(s, n)
+                self.grown.add(k)
             out[k] = last
         return out
 
@@ -235,6 +241,11 @@ class Cuts:
         else:
             logs = job.logs[: int(self.log_times.searchsorted(t, "right"))]
         ended = job.end_time is not None and job.end_time <= t
+        restarts = [r for r in job.restart_times if r <= t]
+        now = (len(logs), ended, len(restarts))
+        self.logs_grown = self._last is None or now[0] != self._last[0]
+        self.state_changed = self._last is None or now[1:] != self._last[1:]
+        self._last = now
         cut = object.__new__(Job)  # a shallow copy: dataclasses.replace costs more than a rule
         cut.__dict__.update(job.__dict__)
         cut.__dict__.update(
@@ -242,11 +253,15 @@ class Cuts:
             end_time=job.end_time if ended else None,
             series=self._series(t),
             logs=logs,
-            restart_times=[r for r in job.restart_times if r <= t],
-            restarts=sum(1 for r in job.restart_times if r <= t)
-            if job.restart_times else job.restarts,
+            restart_times=restarts,
+            restarts=len(restarts) if job.restart_times else job.restarts,
         )
         return cut
+
+    def changed(self, before: float, now: float) -> Changed:
+        """What the last cut (at ``now``) holds that the one before it (at ``before``) did
+        not."""
+        return Changed(before, now, frozenset(self.grown), self.logs_grown, self.state_changed)
 
 
 def _head(s: Series, n: int) -> Series:
@@ -330,8 +345,12 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     # the last tick judges the run as of its last record, as ``check`` does: later, the
     # silence after a finished run would read as a stall
     times[-1] = min(times[-1], end)
+    before: float | None = None
     for t in times.tolist():
-        final = evaluate([cuts(t)], policy, t, rules=rules, followers=followers)
+        cut = cuts(t)
+        followers.changed = cuts.changed(before, t) if before is not None else None
+        final = evaluate([cut], policy, t, rules=rules, followers=followers)
+        before = t
         for f in final:
             fire = Fire(t, step_at(t), f.severity)
             h = histories.get(f.key)
@@ -341,6 +360,7 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
             if f.severity.rank > h.worst.rank:
                 h.escalations.append(fire)
             h.last_seen, h.finding = fire, f
+    followers.changed = None  # what comes next is not the next tick
     if timed_back:
         _time_back(cuts, policy, rules, list(histories.values()), times, step_at,
                    None if job.clock == "step" else resolution)
