@@ -47,7 +47,8 @@ def from_options(opts: dict[str, str]) -> KubeflowAdapter:
     - ``prometheus_url``: read each job's series (loss, step, GPU use) from this
       Prometheus, with ``prometheus_token_file``, ``prometheus_ca_file`` (OpenShift's
       Thanos Querier), ``prometheus_tenancy`` (``true`` when the url is the querier's
-      namespaced port, 9092: each query names the job's namespace), ``prometheus_mapping`` (a mapping file, see adapters/prometheus)
+      namespaced port, 9092: each query names the job's namespace),
+      ``prometheus_mapping`` (a mapping file, see adapters/prometheus)
       and ``prometheus_id`` (the job's id there: ``{name}`` by default, or ``{namespace}``,
       ``{kind}``, ``{id}``)
     """
