@@ -13,7 +13,10 @@ policy and all its rules:
   every tick; the others are skipped by their followers while their input is unchanged).
 
 * at one tick per record with no rule at all on ``--framework`` records: what the replay
-  itself costs (cutting the run, asking the rules).
+  itself costs (cutting the run, asking the rules);
+* at one tick per record with one rule that keeps its work in ``ctx.state`` (the loss's
+  running best; warns at 10 x it) on ``--incremental`` records: what judging every record
+  costs once a rule looks only at the records new since its last run.
 
 Prints one line per replay: records, ticks, wall seconds, microseconds per tick, and how
 many rule runs the followers spared.
@@ -22,8 +25,10 @@ many rule runs the followers spared.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +38,38 @@ sys.path.insert(0, str(ROOT))
 
 from checker.evaluate import build_rules  # noqa: E402
 from checker.follow import Followers  # noqa: E402
-from checker.model import Job, JobState, Series  # noqa: E402
+from checker.model import Finding, Job, JobState, Series, Severity  # noqa: E402
+from checker.rules.base import Context, Rule  # noqa: E402
 from trainguard.policy import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
+
+
+@dataclass
+class _NoParams:
+    pass
+
+
+class RunningBest(Rule):
+    """Warns while the loss stands at 10 x its best so far; the best is kept in
+    ``ctx.state`` with the number of records it covers, so each record is read once."""
+
+    name = "running_best"
+    Params = _NoParams
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        s = job.series["loss"]
+        state = ctx.state if ctx.state is not None else {}
+        seen, best = state.get("seen", 0), state.get("best", math.inf)
+        if seen > len(s):  # not the run it saw: start over
+            seen, best = 0, math.inf
+        new = s.value[seen:]
+        if len(new):
+            best = min(best, float(new.min()))
+        state["seen"], state["best"] = len(s), best
+        if len(s) and s.value[-1] > 10 * best:
+            return [Finding(job.id, self.name, Severity.WARNING, "loss at 10 x its best",
+                            evidence={"kind": "best"})]
+        return []
 
 
 def run(records: int, val_every: int = 100, seed: int = 0) -> Job:
@@ -50,15 +84,20 @@ def run(records: int, val_every: int = 100, seed: int = 0) -> Job:
                        "val_loss": Series("val_loss", step[val], step[val], loss[val] + 0.1)})
 
 
-def measure(records: int, tick: float | None, rules_on: bool = True) -> str:
+def measure(records: int, tick: float | None, rules_on: bool = True,
+            rules: list[Rule] | None = None) -> str:
     job, policy = run(records), default_policy()
-    rules, followers = (build_rules(policy) if rules_on else []), Followers()
+    if rules is None:
+        rules = build_rules(policy) if rules_on else []
+    followers = Followers()
     began = time.perf_counter()
     result = replay(job, policy, tick, rules, followers)
     took = time.perf_counter() - began
     what = "default schedule" if tick is None else f"a tick every {tick:g} step"
-    if not rules_on:
+    if not rules:
         what += ", no rule"
+    elif len(rules) == 1:
+        what += f", {rules[0].name} only"
     return (f"{records:>9,} records, {what:<22} {result.ticks:>9,} ticks  {took:8.2f} s  "
             f"{took / result.ticks * 1e6:8.0f} us/tick  rules run {followers.runs:,} of "
             f"{followers.calls:,} times; {len(result.histories)} findings")
@@ -71,12 +110,17 @@ def main() -> None:
     ap.add_argument("--framework", type=int, default=200_000,
                     help="records replayed at one tick per record with no rule: the cost of "
                          "the replay itself (0: skip)")
+    ap.add_argument("--incremental", type=int, default=1_000_000,
+                    help="records replayed at one tick per record with one rule that keeps "
+                         "its work in ctx.state (0: skip)")
     a = ap.parse_args()
     print(measure(a.records, None), flush=True)
     for n in a.per_record:
         print(measure(n, 1.0), flush=True)
     if a.framework:
         print(measure(a.framework, 1.0, rules_on=False), flush=True)
+    if a.incremental:
+        print(measure(a.incremental, 1.0, rules=[RunningBest()]), flush=True)
 
 
 if __name__ == "__main__":

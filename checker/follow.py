@@ -159,6 +159,7 @@ class _Read:
     """What a rule read at its last run, ready to say whether that changed."""
 
     def __init__(self, names: set[str], job: Job) -> None:
+        self.raw = names
         self.never = _JOBS in names  # other jobs or other rules' work: never reused
         self.all = _ALL in names
         self.series = tuple(sorted(job.series) if self.all
@@ -215,11 +216,13 @@ class Follower:
             if self.read.key(job, ctx.now) == self.key:
                 return _fresh(self.found)
         reads = _Reads()
-        seen = dataclasses.replace(job, series=_SeenSeries(job.series, reads),
-                                   logs=_SeenLogs(job.logs, reads))
+        seen = object.__new__(type(job))  # a shallow copy (dataclasses.replace costs more)
+        seen.__dict__.update(job.__dict__)
+        seen.series, seen.logs = _SeenSeries(job.series, reads), _SeenLogs(job.logs, reads)
         found = self.rule.check(seen, _seen_context(ctx, reads, self.state))
         self.runs += 1
-        self.read = _Read(reads.names, job)
+        if self.read is None or reads.names != self.read.raw:
+            self.read = _Read(reads.names, job)
         self.key = self.read.key(job, ctx.now)
         self.found = _fresh(found)
         return found
