@@ -341,6 +341,9 @@ class FluentBitOutput(BaseModel):
     host: str = Field(min_length=1)
     port: int = Field(default=3100, ge=1, le=65535)
     tls: bool = True
+    # The Fluent Bit image by digest (it reads every container's logs on every node): the
+    # chart's default is a tag, which can be moved to another image.
+    image: str = Field(pattern=r"^[^\s@:]+(:[0-9]+)?(/[^\s@:]+)*@sha256:[0-9a-f]{64}$")
 
 
 class Smtp(BaseModel):

@@ -388,6 +388,9 @@ class OpenshiftStack(TerraformStack):
         Release(self, "fluent_bit", name=f"{WATCHDOG}-fluent-bit", repository=repo,
                 chart=chart, version=version, namespace=spec.namespace,
                 values=[json.dumps({"config": config, "kind": "DaemonSet",
+                                    # by digest: the chart's default is a tag
+                                    "image": {"repository": out.image.split("@")[0],
+                                              "digest": out.image.split("@")[1]},
                                     "securityContext": {"readOnlyRootFilesystem": True,
                                                         "allowPrivilegeEscalation": False,
                                                         "capabilities": {"drop": ["ALL"]}}},

@@ -86,3 +86,20 @@ def test_other_users_are_not_limited(ptj: dict[str, Any]) -> None:
     changed = copy.deepcopy(ptj)
     changed["spec"]["runPolicy"]["backoffLimit"] = 7
     assert admits("pytorchjobs", ptj, changed, user="system:serviceaccount:ml:owner") == []
+
+
+def test_fluent_bit_runs_by_digest() -> None:
+    """The log shipper reads every container's logs on every node: its image, like the
+    watchdog's, is pinned by digest (a tag can be moved)."""
+    from stacks.environment import FluentBitOutput
+    from tests.test_seams import synth_openshift
+
+    digest = "sha256:" + "cd" * 32
+    stack = synth_openshift(log_shipping="fluentbit", fluentbit=FluentBitOutput(
+        host="loki.example", image=f"cr.fluentbit.io/fluent/fluent-bit@{digest}"))
+    (release,) = stack["resource"]["helm_release"].values()
+    values = json.loads(release["values"][0])
+    assert values["image"] == {"repository": "cr.fluentbit.io/fluent/fluent-bit",
+                               "digest": digest}
+    with pytest.raises(ValueError, match="image"):
+        FluentBitOutput(host="loki.example", image="cr.fluentbit.io/fluent/fluent-bit:3.2")
