@@ -4,15 +4,16 @@ a Log Analytics workspace, a custom role on the Azure ML workspace holding only 
 read (and, with stops enabled, cancel) actions, an Action Group with the environment's
 receivers, metric alerts on the findings metrics, scheduled query alerts from the log
 signatures and a consumption budget per policy budget. The app's code is deployed by
-the stack: a reproducible zip (``stacks/package.py``'s ``FUNCTION``) as
-``zip_deploy_file``."""
+the stack: a reproducible zip (``stacks/package.py``'s ``FUNCTION``) as a blob in its
+own storage that the app runs from (``WEBSITE_RUN_FROM_PACKAGE``, read with its
+managed identity)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from cdktn import AssetType, TerraformAsset, TerraformOutput, TerraformStack
+from cdktn import AssetType, Fn, TerraformAsset, TerraformOutput, TerraformStack
 from cdktn_provider_azurerm.application_insights import ApplicationInsights
 from cdktn_provider_azurerm.consumption_budget_subscription import (
     ConsumptionBudgetSubscription,
@@ -55,6 +56,8 @@ from cdktn_provider_azurerm.storage_account import (
     StorageAccountBlobProperties,
     StorageAccountBlobPropertiesDeleteRetentionPolicy,
 )
+from cdktn_provider_azurerm.storage_blob import StorageBlob
+from cdktn_provider_azurerm.storage_container import StorageContainer
 from cdktn_provider_azurerm.storage_table import StorageTable
 from constructs import Construct
 
@@ -163,6 +166,16 @@ class AzureStack(TerraformStack):
         zipped = package.FUNCTION.build(self.env.policy_path,
                                         build_dir / f"{spec.name}-function.zip")
         asset = TerraformAsset(self, "package", path=str(zipped.path), type=AssetType.FILE)
+        # The app runs from the zip in its own storage, read with its managed identity
+        # (the only way Linux Consumption runs a package, and no publishing credential:
+        # basic authentication stays off). The blob is named by its content, so a new
+        # package is a new URL and the app restarts on it.
+        packages = StorageContainer(self, "packages", name="function-packages",
+                                    storage_account_id=self.storage.id,
+                                    container_access_type="private")
+        blob = StorageBlob(self, "package_blob",
+                           name=f"function-{Fn.filesha256(asset.path)}.zip",
+                           storage_container_id=packages.id, type="Block", source=asset.path)
         webhooks = spec.alarms.webhooks
         plan = ServicePlan(self, "plan", name=f"trainguard-{spec.name}",
                            resource_group_name=self.group.name,
@@ -174,12 +187,11 @@ class AzureStack(TerraformStack):
             storage_account_name=self.storage.name, storage_uses_managed_identity=True,
             identity=LinuxFunctionAppIdentity(type="SystemAssigned"),
             https_only=True,
-            # Deploying the zip goes through the app's SCM (Kudu) endpoint, so the app
-            # cannot be closed to the network; its own site denies every request
-            # instead (a timer needs none), and FTP is off.
+            # Its own site denies every request (a timer needs none); no FTP, no basic
+            # publishing credentials for the SCM site either (the package is a blob).
             public_network_access_enabled=True, ftp_publish_basic_authentication_enabled=False,
+            webdeploy_publish_basic_authentication_enabled=False,
             functions_extension_version="~4",
-            zip_deploy_file=asset.path,
             site_config=LinuxFunctionAppSiteConfig(
                 application_stack=LinuxFunctionAppSiteConfigApplicationStack(
                     python_version="3.11"),
@@ -190,6 +202,8 @@ class AzureStack(TerraformStack):
                 # The zip is complete (wheels under .python_packages): no build on deploy.
                 "SCM_DO_BUILD_DURING_DEPLOYMENT": "false",
                 "ENABLE_ORYX_BUILD": "false",
+                "WEBSITE_RUN_FROM_PACKAGE": blob.url,
+                "WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID": "SystemAssigned",
                 "TRAINGUARD_POLICY": package.POLICY_NAME,
                 # The timer trigger reads its NCRONTAB schedule from this setting.
                 "TRAINGUARD_SCHEDULE": spec.tick.ncrontab(),

@@ -378,7 +378,21 @@ def test_azure_function_package_runs_the_function(stacks: dict[str, Stack], outd
     from stacks import package
 
     fn = azure_function(stacks)
-    zipped = outdir / "stacks" / "azure-research" / fn["zip_deploy_file"]
+    # The app runs from the package blob, read with its identity: no publishing
+    # credential (issue 16); the blob's source is the zip the stack built.
+    assert fn["webdeploy_publish_basic_authentication_enabled"] is False
+    assert fn["app_settings"]["WEBSITE_RUN_FROM_PACKAGE"] == (
+        "${azurerm_storage_blob.package_blob.url}")
+    assert fn["app_settings"]["WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID"] == "SystemAssigned"
+    (blob,) = resources(stacks["azure-research"], "azurerm_storage_blob").values()
+    assert blob["type"] == "Block" and blob["storage_container_id"] == (
+        "${azurerm_storage_container.packages.id}")
+    (container_,) = resources(stacks["azure-research"], "azurerm_storage_container").values()
+    assert container_["container_access_type"] == "private"
+    zipped = outdir / "stacks" / "azure-research" / blob["source"]
+    # named by its content when Terraform plans: a new package is a new URL
+    assert blob["name"] == f"function-${{filesha256(\"{blob['source']}\")}}.zip"
+    assert zipped.is_file()
     env = load_environment(ROOT / "environments" / "azure-research.yaml")
     with zipfile.ZipFile(zipped) as zf:
         names = zf.namelist()
