@@ -7,6 +7,7 @@ name) fails the build. Uses the real wheel cache that ``./run setup`` fills.
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,3 +121,13 @@ def test_an_unpinned_container_input_is_caught(tmp_path: Path, line: str, why: s
     lock.write_text("# header\n" + line)
     (problem,) = package.unpinned(lock)
     assert problem.startswith(f"{lock}:2:") and why in problem
+
+
+def test_every_base_image_is_pinned_by_digest() -> None:
+    """A tag (``:latest``, ``:9.4``) can be moved to another image; a digest cannot."""
+    froms = [ln.split()[1] for ln in CONTAINERFILE.read_text().splitlines()
+             if ln.strip().upper().startswith("FROM ")]
+    assert froms
+    for image in froms:
+        assert re.fullmatch(r"[\w.\-/:]+@sha256:[0-9a-f]{64}", image), \
+            f"{CONTAINERFILE.name}: FROM {image} is not pinned by @sha256 digest"
