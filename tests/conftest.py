@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 # Real servers (Prometheus, ...) started on loopback, shared by the tests that need them.
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.skip_gate"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CURVES = Path(os.environ.get("TRAINGUARD_CURVES", ROOT.parent / "shared" / "data" / "curves"))
