@@ -34,28 +34,29 @@ def doc(result: Any) -> dict[str, Any]:
 # --- MLflow: every run of a store --------------------------------------------------------
 
 def mlflow_store(uri: str) -> dict[str, str]:
-    """Three runs in two experiments, written with mlflow's own fluent API: a healthy
-    finished run, a finished run whose loss went NaN at step 30 and stayed there, and a
-    run of another experiment with the same run name as the first."""
-    import mlflow
+    """Three runs in two experiments, written with mlflow's own client (its fluent API
+    would leave an active experiment behind for later tests): a healthy finished run, a
+    finished run whose loss went NaN at step 30 and stayed there, and a run of another
+    experiment with the same run name as the first."""
+    from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    experiments: dict[str, str] = {}
     ids = {}
-    try:
-        for exp, name, nan_from in (("vision", "baseline", None), ("vision", "lr-high", 30),
-                                    ("nlp", "baseline", None)):
-            mlflow.set_experiment(exp)
-            with mlflow.start_run(run_name=name) as run:
-                for step in range(0, 60, 2):
-                    loss = 2.0 * 0.97 ** step + 0.1
-                    if nan_from is not None and step >= nan_from:
-                        loss = math.nan
-                    mlflow.log_metric("loss", loss, step=step)
-                    if step % 10 == 0:
-                        mlflow.log_metric("val_loss", loss * 1.1, step=step)
-            ids[f"{exp}/{name}"] = run.info.run_id
-    finally:
-        mlflow.set_tracking_uri("")
+    for exp, name, nan_from in (("vision", "baseline", None), ("vision", "lr-high", 30),
+                                ("nlp", "baseline", None)):
+        if exp not in experiments:
+            experiments[exp] = client.create_experiment(exp)
+        run_id = client.create_run(experiments[exp], run_name=name).info.run_id
+        for step in range(0, 60, 2):
+            loss = 2.0 * 0.97 ** step + 0.1
+            if nan_from is not None and step >= nan_from:
+                loss = math.nan
+            client.log_metric(run_id, "loss", loss, step=step)
+            if step % 10 == 0:
+                client.log_metric(run_id, "val_loss", loss * 1.1, step=step)
+        client.set_terminated(run_id, "FINISHED")
+        ids[f"{exp}/{name}"] = run_id
     return ids
 
 
