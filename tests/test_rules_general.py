@@ -108,6 +108,19 @@ def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None
     assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 2
 
 
+def test_chance_level_names_the_nearest_k_where_the_bands_overlap() -> None:
+    from checker import RuleConfig
+
+    steps = np.arange(6.0)
+    # ln 10 = 2.303 also lies within ln 9's band (2.197 * 1.05 = 2.307): the run is at
+    # the chance level of ten classes, and the finding must say so, not "ln 9".
+    loss = math.log(10) + np.array([0.002, -0.001, 0.001, 0.0, -0.002, 0.001])
+    policy = Policy(rules={"plateau": RuleConfig(params={"chance_max_classes": 10})})
+    (f,) = judged(job_of({"val_loss": (steps, loss)}), "plateau", policy=policy)
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 10
+    assert "ln 10 = 2.303" in f.message
+
+
 def test_a_short_run_learning_through_chance_level_is_not_flagged() -> None:
     steps = np.arange(6.0)
     # starts at ln 2 like any binary classifier and learns: not at chance at its end

@@ -205,16 +205,18 @@ class Plateau(Rule):
             if len(a) >= p.chance_min_points and 0 < median(a) <= 1:
                 return self._chance_confirmed(a, best)
         head, tail = span_thirds(np.arange(len(v), dtype=float))
-        head, tail = span_thirds(np.arange(len(v), dtype=float))
         start, end = median(v[head]), median(v[tail])
         if start - end >= p.min_rel_improvement * start:
             return None  # a loss near ln K that is still falling is learning
-        for k in range(2, p.chance_max_classes + 1):
-            ln_k = math.log(k)
-            low, high = ln_k * (1 - p.chance_tolerance), ln_k * (1 + p.chance_band)
-            if best >= low and low <= start <= high and low <= end <= high:
-                return k, ln_k, None
-        return None
+        # The bands of neighbouring K overlap (ln 9 * 1.05 > ln 10): name the nearest K.
+        fits = [k for k in range(2, p.chance_max_classes + 1)
+                if best >= math.log(k) * (1 - p.chance_tolerance)
+                and all(math.log(k) * (1 - p.chance_tolerance) <= x
+                        <= math.log(k) * (1 + p.chance_band) for x in (start, end))]
+        if not fits:
+            return None
+        k = min(fits, key=lambda k: abs(math.log(k) - end))
+        return k, math.log(k), None
 
     def _chance_confirmed(self, a: FloatArray, best: float
                           ) -> tuple[int, float, float | None] | None:
