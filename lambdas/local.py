@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from adapters.local import MetricDefinition, load_run
+from adapters.local import MetricDefinition, assign_ids, load_runs
 from adapters.local.ids import path_ids
 from checker.cost import progress
 from checker.model import Job, JobState
@@ -152,8 +152,32 @@ class LocalRun:
     definitions: list[MetricDefinition] | None = None
     fmt: str | None = None
     signature: tuple[int, int] | None = None  # (size, mtime_ns) of the last read
-    job: Job | None = None  # the last good read
+    jobs: list[Job] = field(default_factory=list)  # the last good read: one per run held
     read_error: str | None = None
+
+    @property
+    def job(self) -> Job | None:
+        """The run's job when the path holds one run (a log file); the first otherwise."""
+        return self.jobs[0] if self.jobs else None
+
+    def owns(self, job_id: str) -> bool:
+        return job_id == self.job_id or job_id.startswith(self.job_id + "/")
+
+
+def signature_of(path: Path) -> tuple[int, int]:
+    """(size, newest mtime_ns) of a file, or of every file under a folder (an MLflow
+    store or a TensorBoard log dir is written inside, which leaves the folder's own mtime
+    alone)."""
+    if not path.is_dir():
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns
+    size, newest = 0, path.stat().st_mtime_ns
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(os.path.join(root, name))
+                size, newest = size + st.st_size, max(newest, st.st_mtime_ns)
+    return size, newest
 
 
 def on_wall_clock(job: Job, mtime: float) -> Job:
@@ -179,34 +203,40 @@ class LocalSource:
     def __init__(self, runs: Sequence[LocalRun], grace_s: float = GRACE_S) -> None:
         self.runs = list(runs)
         self.grace_s = grace_s
-        self._by_id = {r.job_id: r for r in self.runs}
 
     def list_jobs(self, now: float) -> list[Job]:
-        jobs = []
+        jobs: list[Job] = []
         for run in self.runs:
             if run.process is not None:
                 self._escalate(run.process, now)
                 run.process.poll(now)  # a process that ends before writing anything ends too
-            job = self._read(run)
-            if job is not None:
-                jobs.append(self._with_state(run, job, now))
+            jobs.extend(self._with_state(run, job, now) for job in self._read(run))
         return jobs
 
-    def _read(self, run: LocalRun) -> Job | None:
+    def _read(self, run: LocalRun) -> list[Job]:
+        """Every run the path holds: one for a log file, one per run of an MLflow store or
+        TensorBoard log dir (``experiment/run``, after the path's id when several paths are
+        watched), runs that appear later included."""
         try:
-            st = run.path.stat()
+            signature = signature_of(run.path)
         except FileNotFoundError:
-            return run.job  # not written yet (or removed): nothing new to read
-        signature = (st.st_size, st.st_mtime_ns)
+            return run.jobs  # not written yet (or removed): nothing new to read
         if signature != run.signature:
             try:
-                job = load_run(run.path, run.definitions, run.fmt, job_id=run.job_id)
-                run.job = on_wall_clock(job, st.st_mtime)
+                found = load_runs(run.path, run.definitions, run.fmt)
+                if len(found) == 1 and not found[0].label:
+                    found[0].job.id = run.job_id
+                else:
+                    assign_ids(found)  # experiment/run, as check names them
+                    if len(self.runs) > 1:  # several paths watched: say which one too
+                        for f in found:
+                            f.job.id = f"{run.job_id}/{f.job.id}"
+                run.jobs = [on_wall_clock(f.job, signature[1] / 1e9) for f in found]
                 run.read_error = None
             except Exception as e:  # a half-written or broken file: keep the last good read
                 run.read_error = f"{run.path}: {e}"
             run.signature = signature
-        return run.job
+        return run.jobs
 
     def _with_state(self, run: LocalRun, job: Job, now: float) -> Job:
         proc = run.process
@@ -240,7 +270,7 @@ class LocalSource:
             proc.killed = True
 
     def stop(self, job: Job, reason: str) -> None:
-        run = self._by_id.get(job.id)
+        run = next((r for r in self.runs if r.owns(job.id)), None)
         if run is None or run.process is None:
             raise RuntimeError(f"run {job.id!r} has no process to stop (watch a PID to stop it)")
         if run.process.term_sent_at is None:
@@ -470,27 +500,34 @@ def _outcomes(source: LocalSource, events: list[AlarmEvent],
               audit: list[AuditRecord]) -> list[RunOutcome]:
     out = []
     for run in source.runs:
-        job = run.job
-        proc = run.process
-        prog = progress(job) if job is not None else None
-        state = job.state.value if job is not None else "NOT STARTED"
-        if proc is not None:
-            probe = job or Job(id=run.job_id)
-            state = source._with_state(run, probe, time.time()).state.value
-        o = RunOutcome(
-            job_id=run.job_id, path=str(run.path), pid=proc.pid if proc else None, state=state,
-            exit_code=proc.exit_code if proc else None,
-            steps=float(prog.step[-1]) if prog is not None and len(prog) else None,
-            start_time=job.start_time if job else None,
-            end_time=proc.exited_at if proc else None,
-            findings=[{"rule": e.memory.rule, "severity": e.memory.severity,
-                       "message": e.memory.message, "time": e.time}
-                      for e in events if e.kind == "raise" and e.job is not None
-                      and e.job.id == run.job_id])
-        for a in audit:
-            if a.job_id == run.job_id and a.action in (AuditAction.STOP, AuditAction.WOULD_STOP):
-                o.stopped_by, o.stop_reason, o.stopped_at = a.rule, a.reason, a.time
-                o.dry_run_stop = a.action == AuditAction.WOULD_STOP
-                break
-        out.append(o)
+        held: list[Job | None] = list(run.jobs) or [None]  # one outcome per run the path holds
+        for job in held:
+            out.append(_outcome(source, run, job, events, audit))
     return out
+
+
+def _outcome(source: LocalSource, run: LocalRun, job: Job | None, events: list[AlarmEvent],
+             audit: list[AuditRecord]) -> RunOutcome:
+    job_id = job.id if job is not None else run.job_id
+    proc = run.process
+    prog = progress(job) if job is not None else None
+    state = job.state.value if job is not None else "NOT STARTED"
+    if proc is not None:
+        probe = job or Job(id=run.job_id)
+        state = source._with_state(run, probe, time.time()).state.value
+    o = RunOutcome(
+        job_id=job_id, path=str(run.path), pid=proc.pid if proc else None, state=state,
+        exit_code=proc.exit_code if proc else None,
+        steps=float(prog.step[-1]) if prog is not None and len(prog) else None,
+        start_time=job.start_time if job else None,
+        end_time=proc.exited_at if proc else None,
+        findings=[{"rule": e.memory.rule, "severity": e.memory.severity,
+                   "message": e.memory.message, "time": e.time}
+                  for e in events if e.kind == "raise" and e.job is not None
+                  and e.job.id == job_id])
+    for a in audit:
+        if a.job_id == job_id and a.action in (AuditAction.STOP, AuditAction.WOULD_STOP):
+            o.stopped_by, o.stop_reason, o.stopped_at = a.rule, a.reason, a.time
+            o.dry_run_stop = a.action == AuditAction.WOULD_STOP
+            break
+    return o
