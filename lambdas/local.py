@@ -160,9 +160,6 @@ class LocalRun:
         """The run's job when the path holds one run (a log file); the first otherwise."""
         return self.jobs[0] if self.jobs else None
 
-    def owns(self, job_id: str) -> bool:
-        return job_id == self.job_id or job_id.startswith(self.job_id + "/")
-
 
 def signature_of(path: Path) -> tuple[int, int]:
     """(size, newest mtime_ns) of a file, or of every file under a folder (an MLflow
@@ -203,6 +200,7 @@ class LocalSource:
     def __init__(self, runs: Sequence[LocalRun], grace_s: float = GRACE_S) -> None:
         self.runs = list(runs)
         self.grace_s = grace_s
+        self._owner: dict[str, LocalRun] = {}  # job id -> the watched path that holds it
 
     def list_jobs(self, now: float) -> list[Job]:
         jobs: list[Job] = []
@@ -210,7 +208,9 @@ class LocalSource:
             if run.process is not None:
                 self._escalate(run.process, now)
                 run.process.poll(now)  # a process that ends before writing anything ends too
-            jobs.extend(self._with_state(run, job, now) for job in self._read(run))
+            for job in self._read(run):
+                self._owner[job.id] = run
+                jobs.append(self._with_state(run, job, now))
         return jobs
 
     def _read(self, run: LocalRun) -> list[Job]:
@@ -270,7 +270,7 @@ class LocalSource:
             proc.killed = True
 
     def stop(self, job: Job, reason: str) -> None:
-        run = next((r for r in self.runs if r.owns(job.id)), None)
+        run = self._owner.get(job.id)
         if run is None or run.process is None:
             raise RuntimeError(f"run {job.id!r} has no process to stop (watch a PID to stop it)")
         if run.process.term_sent_at is None:

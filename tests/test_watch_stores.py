@@ -75,3 +75,35 @@ def test_two_watched_stores_keep_their_runs_apart(tmp_path: Path) -> None:
     result = watch([tmp_path / "team1", tmp_path / "team2"], Policy(),
                    tmp_path / "state.sqlite", 0.2, Console(file=io.StringIO()), until=0.3)
     assert sorted(o.job_id for o in result.runs) == ["team1/a", "team1/b", "team2/a", "team2/b"]
+
+
+def test_a_stop_on_one_run_of_a_store_reaches_the_process_writing_the_store(
+        tmp_path: Path) -> None:
+    """A real process (``sleep``) stands for the training that writes the store."""
+    import subprocess
+
+    from checker import RuleConfig
+    from checker.model import Action, Severity
+    from checker.policy import Safety
+
+    pytest.importorskip("tensorboard", reason="pip install 'trainguard[formats]'")
+    from tests.test_local_runs import tb_run
+
+    start = time.time() - 30 * 40
+    logs = tmp_path / "runs"
+    tb_run(logs / "a", {"loss": 2.0}, start=start)
+    tb_run(logs / "b", {"loss": 2.0}, nan_from=25, start=start)
+    policy = Policy(safety=Safety(dry_run=False, persist_ticks=1), rules={
+        "divergence": RuleConfig(actions={Severity.CRITICAL: Action.STOP})})
+    trainer = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        result = watch([logs], policy, tmp_path / "state.sqlite", 0.2,
+                       Console(file=io.StringIO()), until=10, processes={logs: trainer},
+                       grace_s=1)
+        ended = trainer.wait(timeout=5)
+    finally:
+        trainer.kill()
+    b = next(o for o in result.runs if o.job_id == "b")
+    assert b.stopped_by == "divergence"
+    assert ended == -15  # SIGTERM from the stop, before the watch's own end
+    assert result.ended_at - result.started_at < 8
