@@ -95,6 +95,22 @@ def tag_guard(spec: AwsEnvironment, protect_tag: str) -> list[dict[str, Any]]:
     return out
 
 
+#: AWS Budgets offers FORECASTED notifications on MONTHLY, QUARTERLY and ANNUALLY
+#: budgets only, not on DAILY ones (the API rejects them)
+FORECAST_UNITS = frozenset({"MONTHLY", "QUARTERLY", "ANNUALLY"})
+MAX_BUDGET_NOTIFICATIONS = 5  # AWS Budgets' limit per budget
+
+
+def budget_notifications(unit: str, alert_at: list[float]) -> list[tuple[str, float]]:
+    """(notification type, percent) of a budget: the policy's thresholds on actual spend,
+    and, where the time unit has a forecast, the forecast passing the limit; at most
+    five, the forecast kept and the highest actual thresholds dropped first."""
+    forecast = [("FORECASTED", 100.0)] if unit in FORECAST_UNITS else []
+    room = MAX_BUDGET_NOTIFICATIONS - len(forecast)
+    percents = sorted({round(f * 100, 2) for f in alert_at})[:room]
+    return [*(("ACTUAL", p) for p in percents), *forecast]
+
+
 def alarm_period(interval_minutes: int) -> int:
     """A CloudWatch alarm's period on a metric published once a tick: at least one tick
     (else the alarm flips to OK between two ticks that both saw a finding), at least
@@ -330,10 +346,19 @@ class AwsStack(TerraformStack):
                          source_arn=self.arn.format("logs",
                                                     f"log-group:{SAGEMAKER_LOG_GROUP}:*"),
                          statement_id="logs-invoke")
+        # SageMaker makes its log group at a job's first line: in an account where no job
+        # has logged yet, a subscription to it fails the apply. The stack owns the group
+        # (or adopts the one there) and subscribes after it. A log group takes at most
+        # two subscription filters (docs/alarms-aws.md).
+        training = spec.training_log_group
+        group = CloudwatchLogGroup(self, "training_log_group", name=SAGEMAKER_LOG_GROUP,
+                                   retention_in_days=training.retention_days)
+        if training.exists:
+            group.import_from(SAGEMAKER_LOG_GROUP)
         CloudwatchLogSubscriptionFilter(
             self, "training_logs", name=f"{self.prefix}-signatures",
-            log_group_name=SAGEMAKER_LOG_GROUP, destination_arn=self.function.arn,
-            filter_pattern=cloudwatch_pattern())
+            log_group_name=group.name, destination_arn=self.function.arn,
+            filter_pattern=cloudwatch_pattern(), depends_on=[group])
 
     # --- alarms, dashboard, budgets -----------------------------------------------------
 
@@ -393,16 +418,12 @@ class AwsStack(TerraformStack):
             unit = BUDGET_UNITS.get(acct.period)
             if unit is None or not covers(acct.scope, spec.account):
                 continue  # another account's, or weekly: the watchdog's budget rule covers it
-            # AWS Budgets allows five notifications: the policy's thresholds on actual
-            # spend (the lowest four), and a forecast passing the limit.
-            percents = sorted({round(f * 100, 2) for f in policy.budget.alert_at})[:4]
             notifications = [
                 BudgetsBudgetNotification(
                     comparison_operator="GREATER_THAN", notification_type=kind,
                     threshold=percent, threshold_type="PERCENTAGE",
                     subscriber_sns_topic_arns=[self.topic.arn])
-                for kind, percent in [*(("ACTUAL", p) for p in percents),
-                                      ("FORECASTED", 100.0)]]
+                for kind, percent in budget_notifications(unit, policy.budget.alert_at)]
             BudgetsBudget(self, f"budget_{i}", name=f"{self.prefix}-{acct.period}-{i}",
                           budget_type="COST", limit_amount=f"{acct.limit_usd:.2f}",
                           limit_unit="USD", time_unit=unit, notification=notifications)

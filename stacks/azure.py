@@ -13,7 +13,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from cdktn import AssetType, Fn, TerraformAsset, TerraformOutput, TerraformStack
+from cdktn import (
+    AssetType,
+    Fn,
+    TerraformAsset,
+    TerraformOutput,
+    TerraformResourceLifecycle,
+    TerraformStack,
+)
 from cdktn_provider_azurerm.application_insights import ApplicationInsights
 from cdktn_provider_azurerm.consumption_budget_subscription import (
     ConsumptionBudgetSubscription,
@@ -320,8 +327,15 @@ class AzureStack(TerraformStack):
                 tags=self.tags)
 
     def _log_alerts(self) -> None:
+        """Query alerts on the workspace the environment names, where Container Insights
+        fills the table (AKS or Arc attached compute); none without one (compute
+        clusters: the adapter reads the jobs' std_log files)."""
         spec = self.spec
-        workspace = spec.log_query.workspace_id or self.logs.id
+        query = spec.log_query
+        if query is None:
+            return
+        # ContainerLogV2.LogMessage is dynamic (a JSON line stays an object): as text.
+        column = f"tostring({query.column})"
         for severity in (Severity.CRITICAL, Severity.WARNING):
             if not any(s.severity is severity for s in SIGNATURES):
                 continue
@@ -329,11 +343,11 @@ class AzureStack(TerraformStack):
                 self, f"signatures_{severity.value}",
                 name=f"trainguard-{spec.name}-log-signatures-{severity.value}",
                 resource_group_name=self.group.name, location=self.group.location,
-                scopes=[workspace], severity=AZURE_SEVERITY[severity],
+                scopes=[query.workspace_id], severity=AZURE_SEVERITY[severity],
                 description=f"trainguard: {severity.value} failure signatures in training logs",
                 evaluation_frequency="PT5M", window_duration="PT5M",
                 criteria=[MonitorScheduledQueryRulesAlertV2Criteria(
-                    query=kql_query(spec.log_query.table, spec.log_query.column, severity),
+                    query=kql_query(query.table, column, severity),
                     time_aggregation_method="Total", metric_measure_column="lines",
                     operator="GreaterThan", threshold=0,
                     dimension=[MonitorScheduledQueryRulesAlertV2CriteriaDimension(
@@ -343,7 +357,8 @@ class AzureStack(TerraformStack):
                         number_of_evaluation_periods=1))],
                 action=MonitorScheduledQueryRulesAlertV2Action(
                     action_groups=[self.action_group.id]),
-                skip_query_validation=True,  # the table appears once logs are shipped
+                # validated at deploy: a workspace without the table fails the apply
+                skip_query_validation=False,
                 tags=self.tags)
 
     def _budgets(self) -> None:
@@ -365,5 +380,9 @@ class AzureStack(TerraformStack):
                 subscription_id=f"/subscriptions/{spec.subscription}",
                 amount=acct.limit_usd, time_grain="Monthly",
                 time_period=ConsumptionBudgetSubscriptionTimePeriod(
-                    start_date=f"{spec.budget_start.isoformat()}T00:00:00Z"),
-                notification=notes[:MAX_BUDGET_NOTIFICATIONS])
+                    start_date=f"{spec.budget_start_date.isoformat()}T00:00:00Z"),
+                notification=notes[:MAX_BUDGET_NOTIFICATIONS],
+                # The start is this month at the first synth; a later synth's month must
+                # not replace the budget (and its spend history).
+                lifecycle=TerraformResourceLifecycle(
+                    ignore_changes=["time_period[0].start_date"]))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -113,8 +113,12 @@ class Schedule:
         # EventBridge wants exactly one of day-of-month and day-of-week as '?'.
         if dow == "*":
             dow = "?"
+        elif dom == "*":
+            dom, dow = "?", eventbridge_days(dow)
         else:
-            dom = "?"
+            # Standard cron runs on either day; EventBridge cannot say "either".
+            raise ValueError(f"cron({self.cron}) restricts both the day of month and the "
+                             "day of week; EventBridge takes only one: keep one as '*'")
         return f"cron({mi} {h} {dom} {mon} {dow} *)"
 
     def ncrontab(self) -> str:
@@ -137,6 +141,26 @@ class Schedule:
         week.sort()
         gaps = [b - a for a, b in itertools.pairwise(week)]
         return max([*gaps, week[0] + 7 * 1440 - week[-1]])
+
+
+#: EventBridge's day-of-week names in its own order: it counts 1-7 from Sunday (SUN=1),
+#: where standard cron counts 0-6 from Sunday (and 7 is Sunday again). Names are written
+#: so a number can never be read in the wrong convention.
+EVENTBRIDGE_DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+
+
+def eventbridge_days(dow: str) -> str:
+    """A standard-cron day-of-week field as EventBridge names, runs of days as ranges:
+    ``1-5`` (Monday to Friday) is ``MON-FRI``, ``0`` and ``7`` are ``SUN``."""
+    days = sorted(_expand(dow, 0, 7, sunday=True))
+    runs: list[list[int]] = []
+    for d in days:
+        if runs and d == runs[-1][-1] + 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return ",".join(EVENTBRIDGE_DAYS[r[0]] if len(r) == 1 else
+                    f"{EVENTBRIDGE_DAYS[r[0]]}-{EVENTBRIDGE_DAYS[r[-1]]}" for r in runs)
 
 
 def _expand(field: str, low: int, high: int, sunday: bool = False) -> set[int]:
@@ -269,6 +293,24 @@ class GuardRails(BaseModel):
     tag_admins: list[str] = []  # principal ARNs (wildcards allowed) the SCP exempts
 
 
+#: the retentions CloudWatch Logs accepts (days)
+Retention = Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096,
+                    1827, 2192, 2557, 2922, 3288, 3653]
+
+
+class TrainingLogGroup(BaseModel):
+    """``/aws/sagemaker/TrainingJobs``: SageMaker creates it at a job's first log line, so
+    in a new account it is not there and the log subscription cannot be made. The stack
+    creates it (``exists: false``) or adopts the one there (``exists: true``, a Terraform
+    import); either way with this retention. ``trainguard preflight`` says which."""
+
+    model_config = _STRICT
+    exists: bool = False
+    #: on an adopted group this applies to the logs already there: check preflight's
+    #: report of the current retention first
+    retention_days: Retention = 365
+
+
 class AwsEnvironment(Common):
     cloud: ClassVar[str] = "aws"
     webhook_source: ClassVar[str] = "ssm_parameter"
@@ -277,6 +319,13 @@ class AwsEnvironment(Common):
     region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     stop_tag: StopTag = Field(default_factory=StopTag)
     log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365, 400, 545, 731] = 365
+    training_log_group: TrainingLogGroup = Field(default_factory=TrainingLogGroup)
+
+    @field_validator("schedule")
+    @classmethod
+    def _eventbridge(cls, v: str) -> str:
+        Schedule.parse(v).aws()  # a cron EventBridge cannot express fails here, by name
+        return v
 
     @property
     def stop_tag_value(self) -> str:
@@ -290,13 +339,25 @@ class MlWorkspace(BaseModel):
 
 
 class LogQuery(BaseModel):
-    """The Log Analytics table and column holding training log lines (ContainerLogV2
-    for Azure ML on Kubernetes compute with Container Insights)."""
+    """The Log Analytics workspace, table and column holding training log lines, for the
+    log-signature alerts. ``ContainerLogV2`` is fed only by Container Insights on AKS or
+    Arc-enabled Kubernetes (Azure ML attached Kubernetes compute): name that cluster's
+    workspace. Azure ML compute clusters send no stdout to Log Analytics: without a
+    ``log_query`` no query alert is made and the adapter reads each job's
+    ``user_logs/std_log*.txt`` instead (docs/alarms-azure.md)."""
 
     model_config = _STRICT
+    workspace_id: str = Field(pattern=r"(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/"
+                                      r"providers/Microsoft\.OperationalInsights/"
+                                      r"workspaces/[^/]+$")
     table: str = Field(default="ContainerLogV2", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     column: str = Field(default="LogMessage", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    workspace_id: str | None = None  # default: the stack's own Log Analytics workspace
+
+
+def this_month(today: date | None = None) -> date:
+    """The first day of the current month (UTC): where a new budget starts."""
+    today = today or datetime.now(UTC).date()
+    return today.replace(day=1)
 
 
 class AzureEnvironment(Common):
@@ -307,8 +368,11 @@ class AzureEnvironment(Common):
     region: str = Field(pattern=r"^[a-z0-9]+$")
     resource_group: str | None = None  # default: trainguard-<name>
     ml_workspace: MlWorkspace
-    log_query: LogQuery = Field(default_factory=LogQuery)
-    budget_start: date = Field(description="first day of the budgets' first month")
+    log_query: LogQuery | None = None  # None: no query alerts (compute clusters)
+    #: the budgets' first month; default the current month at synth. Azure takes the
+    #: first of a month, not before the current one; the stack ignores later drift
+    budget_start: date | None = Field(default=None,
+                                      description="first day of the budgets' first month")
     log_retention_days: int = Field(default=30, ge=30, le=730)
 
     @field_validator("budget_start", mode="before")
@@ -318,20 +382,44 @@ class AzureEnvironment(Common):
 
     @field_validator("budget_start")
     @classmethod
-    def _first(cls, v: date) -> date:
+    def _first(cls, v: date | None) -> date | None:
+        if v is None:
+            return v
         if v.day != 1:
             raise ValueError("Azure budgets start on the first day of a month")
+        if v < this_month():
+            raise ValueError(f"{v.isoformat()} is a past month: Azure rejects a budget "
+                             f"starting before the current month ({this_month().isoformat()});"
+                             " leave budget_start out to start this month")
         return v
+
+    @property
+    def budget_start_date(self) -> date:
+        return self.budget_start or this_month()
 
     @property
     def group(self) -> str:
         return self.resource_group or f"trainguard-{self.name}"
 
 
+#: the label OpenShift Logging's documentation selects alerting rules by, on the rules
+#: and on their namespaces (LokiStack spec.rules.selector and namespaceSelector)
+LOG_ALERTING_LABEL = {"openshift.io/log-alerting": "true"}
+
+
 class LokiStack(BaseModel):
+    """The LokiStack the logs go to. Its ruler loads an AlertingRule only when the rule's
+    labels match ``spec.rules.selector`` and its namespace's labels match
+    ``spec.rules.namespaceSelector``: say here what the LokiStack selects by
+    (``trainguard preflight`` reads the LokiStack and compares)."""
+
     model_config = _STRICT
     name: str = "logging-loki"
     namespace: str = "openshift-logging"
+    rule_labels: dict[str, str] = Field(default_factory=lambda: dict(LOG_ALERTING_LABEL),
+                                        min_length=1)
+    namespace_labels: dict[str, str] = Field(
+        default_factory=lambda: dict(LOG_ALERTING_LABEL), min_length=1)
 
 
 class FluentBitOutput(BaseModel):

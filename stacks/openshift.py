@@ -27,6 +27,7 @@ from cdktn_provider_kubernetes.cluster_role_binding_v1 import (
     ClusterRoleBindingV1Subject,
 )
 from cdktn_provider_kubernetes.config_map_v1 import ConfigMapV1, ConfigMapV1Metadata
+from cdktn_provider_kubernetes.labels import Labels, LabelsMetadata
 from cdktn_provider_kubernetes.manifest import Manifest
 from cdktn_provider_kubernetes.namespace_v1 import NamespaceV1, NamespaceV1Metadata
 from cdktn_provider_kubernetes.persistent_volume_claim_v1 import (
@@ -69,8 +70,14 @@ METRICS_LABEL = "trainguard.io/metrics"  # training pods with this label are scr
 #: the kinds the watchdog reads, and suspends (patch) when stops are enabled
 JOB_KINDS = (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org", "trainjobs"))
 FLUENT_BIT_CHART = ("https://fluent.github.io/helm-charts", "fluent-bit", "0.47.10")
+#: NVIDIA gpu-operator's DCGM exporter: a PodMonitor names the *container* port, which
+#: the operator's DaemonSet calls ``metrics`` (``gpu-metrics`` is its Service's port);
+#: tests/reference/gpu-operator holds the DaemonSet it is checked against
 DCGM = {"namespace": "nvidia-gpu-operator", "app": "nvidia-dcgm-exporter",
-        "port": "gpu-metrics"}
+        "port": "metrics"}
+#: the record key Fluent Bit's ``cri`` multiline parser puts a line's text under
+#: (fluent-bit src/multiline/flb_ml_parser_cri.c; tests/reference/fluent-bit)
+CRI_LOG_KEY = "log"
 #: the verb each stop mode uses on the job kinds (adapters/kubeflow: a merge patch that
 #: suspends, or a delete)
 STOP_VERBS = {"suspend": "patch", "delete": "delete"}
@@ -110,6 +117,30 @@ def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
         "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
         "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
         **{k: v for k, v in optional.items() if v},
+    }
+
+
+def fluentbit_config(spec: OpenshiftEnvironment) -> dict[str, str]:
+    """The Fluent Bit chart's ``config`` sections: tail the watched namespaces' container
+    logs through the ``cri`` parser (the text lands under ``CRI_LOG_KEY``), copy lines
+    matching a signature under ``trainguard.<severity>.<signature>`` and send those to
+    Loki."""
+    out = spec.fluentbit
+    assert out is not None  # the environment's validation requires it
+    paths = ",".join(f"/var/log/containers/*_{ns}_*.log" for ns in spec.watch_namespaces)
+    rewrite = "\n".join(f"    Rule {r}" for r in fluentbit_rewrite_rules(f"${CRI_LOG_KEY}"))
+    return {
+        "inputs": ("[INPUT]\n    Name tail\n    Tag kube.*\n    multiline.parser cri\n"
+                   f"    Path {paths}\n    Mem_Buf_Limit 16MB\n    Skip_Long_Lines On\n"),
+        "filters": ("[FILTER]\n    Name kubernetes\n    Match kube.*\n    Merge_Log On\n"
+                    "[FILTER]\n    Name rewrite_tag\n    Match kube.*\n"
+                    f"{rewrite}\n    Emitter_Name trainguard_signatures\n"),
+        "outputs": ("[OUTPUT]\n    Name loki\n    Match trainguard.*\n"
+                    f"    Host {out.host}\n    Port {out.port}\n"
+                    f"    tls {'On' if out.tls else 'Off'}\n"
+                    "    labels job=trainguard, signature=$TAG[2], severity=$TAG[1], "
+                    "namespace=$kubernetes['namespace_name'], "
+                    "pod=$kubernetes['pod_name']\n"),
     }
 
 
@@ -264,8 +295,8 @@ class OpenshiftStack(TerraformStack):
     # --- alerts and metrics -------------------------------------------------------------
 
     def _manifest(self, rid: str, api: str, kind: str, name: str, ns: str | None,
-                  spec: dict[str, Any]) -> None:
-        metadata: dict[str, Any] = {"name": name, "labels": self.labels}
+                  spec: dict[str, Any], labels: dict[str, str] | None = None) -> None:
+        metadata: dict[str, Any] = {"name": name, "labels": {**self.labels, **(labels or {})}}
         if ns is not None:
             metadata["namespace"] = ns
         Manifest(self, rid, manifest={"apiVersion": api, "kind": kind, "metadata": metadata,
@@ -359,32 +390,26 @@ class OpenshiftStack(TerraformStack):
                                       "description": f"training log line matching the "
                                                      f"'{s.name}' signature"}}
                      for s in SIGNATURES]
-            self._manifest(f"log_alerts_{ns.replace('-', '_')}", "loki.grafana.com/v1",
+            rid = ns.replace("-", "_")
+            # The LokiStack's ruler loads only AlertingRules matching its
+            # rules.selector, in namespaces matching its rules.namespaceSelector.
+            self._manifest(f"log_alerts_{rid}", "loki.grafana.com/v1",
                            "AlertingRule", WATCHDOG, ns, {
                                "tenantID": "application",
                                "groups": [{"name": "trainguard-signatures", "interval": "1m",
-                                           "rules": rules}]})
+                                           "rules": rules}]}, labels=loki.rule_labels)
+            # The watched namespace exists already: only these labels are added (and
+            # removed again on destroy), the namespace's other labels stay its owner's.
+            Labels(self, f"log_alerts_namespace_{rid}", api_version="v1", kind="Namespace",
+                   metadata=LabelsMetadata(name=ns), labels=loki.namespace_labels,
+                   field_manager="trainguard")
 
     def _fluent_bit(self) -> None:
         spec = self.spec
         out = spec.fluentbit
         assert out is not None  # the environment's validation requires it
         repo, chart, version = FLUENT_BIT_CHART
-        paths = ",".join(f"/var/log/containers/*_{ns}_*.log" for ns in spec.watch_namespaces)
-        rewrite = "\n".join(f"    Rule {r}" for r in fluentbit_rewrite_rules())
-        config = {
-            "inputs": ("[INPUT]\n    Name tail\n    Tag kube.*\n    multiline.parser cri\n"
-                       f"    Path {paths}\n    Mem_Buf_Limit 16MB\n    Skip_Long_Lines On\n"),
-            "filters": ("[FILTER]\n    Name kubernetes\n    Match kube.*\n    Merge_Log On\n"
-                        "[FILTER]\n    Name rewrite_tag\n    Match kube.*\n"
-                        f"{rewrite}\n    Emitter_Name trainguard_signatures\n"),
-            "outputs": ("[OUTPUT]\n    Name loki\n    Match trainguard.*\n"
-                        f"    Host {out.host}\n    Port {out.port}\n"
-                        f"    tls {'On' if out.tls else 'Off'}\n"
-                        "    labels job=trainguard, signature=$TAG[2], severity=$TAG[1], "
-                        "namespace=$kubernetes['namespace_name'], "
-                        "pod=$kubernetes['pod_name']\n"),
-        }
+        config = fluentbit_config(spec)
         Release(self, "fluent_bit", name=f"{WATCHDOG}-fluent-bit", repository=repo,
                 chart=chart, version=version, namespace=spec.namespace,
                 values=[json.dumps({"config": config, "kind": "DaemonSet",

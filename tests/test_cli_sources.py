@@ -96,7 +96,8 @@ def test_sagemaker_source_through_recorded_sagemaker_and_moto_cloudwatch(
     finally:
         stop_moto()
     doc = judged(res)
-    assert {r["id"] for r in doc["runs"]} == {"llm-pretrain-a", "resnet-spot-b"}
+    # broken-c cannot be mapped: listed (UNKNOWN, never judged) and reported (issue 12)
+    assert {r["id"] for r in doc["runs"]} == {"llm-pretrain-a", "resnet-spot-b", "broken-c"}
     assert "broken-c" in res.stderr
 
 

@@ -21,7 +21,8 @@ def contract(request: pytest.FixtureRequest) -> ContractCase:
 
 
 def test_lists_exactly_the_running_jobs(contract: ContractCase) -> None:
-    jobs = contract.adapter.list_jobs(contract.now)
+    # a malformed job may be listed too, as UNKNOWN (test_malformed_job_is_skipped...)
+    jobs = [j for j in contract.adapter.list_jobs(contract.now) if j.id != contract.broken]
     assert {j.id for j in jobs} == contract.running
     for j in jobs:
         assert j.provider == contract.adapter.provider
@@ -48,7 +49,9 @@ def test_malformed_job_is_skipped_and_reported(contract: ContractCase) -> None:
     if contract.broken is None:
         pytest.skip(f"{contract.adapter.provider}: its service cannot hold a malformed job")
     jobs = contract.adapter.list_jobs(contract.now)
-    assert contract.broken not in {j.id for j in jobs}
+    # skipped, or listed as UNKNOWN (no rule judges it, nothing stops it; issue 12)
+    listed = {j.id: j for j in jobs}
+    assert contract.broken not in listed or listed[contract.broken].state is JobState.UNKNOWN
     assert [e.ref for e in contract.adapter.errors] == [contract.broken]
     assert contract.adapter.errors[0].reason
 

@@ -143,7 +143,7 @@ def test_yaml_syntax_error(tmp_path: Path) -> None:
     ("rate(5 minutes)", "rate(5 minutes)", "*/5 * * * *", "0 */5 * * * *"),
     ("rate(1 minute)", "rate(1 minute)", "* * * * *", "0 * * * * *"),
     ("rate(2 hours)", "rate(2 hours)", "0 */2 * * *", "0 0 */2 * * *"),
-    ("cron(0 9 * * 1-5)", "cron(0 9 ? * 1-5 *)", "0 9 * * 1-5", "0 0 9 * * 1-5"),
+    ("cron(0 9 * * 1-5)", "cron(0 9 ? * MON-FRI *)", "0 9 * * 1-5", "0 0 9 * * 1-5"),
     ("cron(*/10 * * * *)", "cron(*/10 * * * ? *)", "*/10 * * * *", "0 */10 * * * *"),
 ])
 def test_schedule_forms(text: str, aws: str, cron: str, azure: str) -> None:

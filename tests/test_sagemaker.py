@@ -141,7 +141,11 @@ def test_lists_every_page_and_reports_the_malformed_job(rec: Recordings, moto_ur
     adapter = adapter_for(replay, moto_url)
     jobs = adapter.list_jobs(NOW)
     assert replay.count("ListTrainingJobs") == 2
-    assert sorted(j.id for j in jobs) == ["llm-pretrain-a", "resnet-spot-b"]
+    # the job that cannot be mapped is listed, never dropped: UNKNOWN with its reason
+    assert sorted(j.id for j in jobs) == ["broken-c", "llm-pretrain-a", "resnet-spot-b"]
+    broken = next(j for j in jobs if j.id == "broken-c")
+    assert broken.state is JobState.UNKNOWN and broken.raw_state == "InProgress/Training"
+    assert broken.failure_reason is not None and "ResourceConfig" in broken.failure_reason
     [error] = adapter.errors
     assert error.ref == "broken-c"
     assert "ResourceConfig" in error.reason and "InstanceType" in error.reason
@@ -163,7 +167,8 @@ def test_one_jobs_api_failure_does_not_stop_the_others(rec: Recordings, moto_url
     replay.client.meta.events.register("provide-client-params.sagemaker.*", failing)
     adapter = adapter_for(replay, moto_url)
     jobs = adapter.list_jobs(NOW)
-    assert [j.id for j in jobs] == ["llm-pretrain-a"]
+    # broken-c is listed UNKNOWN (mapped from its document); resnet-spot-b was not read
+    assert sorted(j.id for j in jobs) == ["broken-c", "llm-pretrain-a"]
     assert sorted(e.ref for e in adapter.errors) == ["broken-c", "resnet-spot-b"]
     assert any("AccessDenied" in e.reason for e in adapter.errors)
 
@@ -199,7 +204,7 @@ def test_throttling_and_5xx_are_retried(rec: Recordings, moto_url: str, aws_env:
                                 "cloudwatch_endpoint_url": moto_url,
                                 "logs_endpoint_url": moto_url, "max_attempts": "4"})
         jobs = adapter.list_jobs(NOW)
-    assert sorted(j.id for j in jobs) == ["llm-pretrain-a", "resnet-spot-b"]
+    assert sorted(j.id for j in jobs) == ["broken-c", "llm-pretrain-a", "resnet-spot-b"]
     assert [e.ref for e in adapter.errors] == ["broken-c"]
     assert server.faults[op] == [], "every injected fault was answered"
     assert server.calls[op] == len(faults) + (3 if op == "DescribeTrainingJob" else 2)
@@ -214,7 +219,7 @@ def test_retries_give_up_after_max_attempts_and_only_that_job_is_lost(
                                 "cloudwatch_endpoint_url": moto_url,
                                 "logs_endpoint_url": moto_url, "max_attempts": "2"})
         jobs = adapter.list_jobs(NOW)
-    assert [j.id for j in jobs] == ["resnet-spot-b"]
+    assert sorted(j.id for j in jobs) == ["broken-c", "resnet-spot-b"]
     assert sorted(e.ref for e in adapter.errors) == ["broken-c", "llm-pretrain-a"]
     assert "ThrottlingException" in next(e.reason for e in adapter.errors
                                          if e.ref == "llm-pretrain-a")

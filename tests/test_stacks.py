@@ -29,7 +29,7 @@ from checker.model import Severity
 from checker.registry import rule_names
 from checker.signatures import SIGNATURES
 from stacks import package
-from stacks.environment import ROOT, load_environment
+from stacks.environment import ROOT, load_environment, this_month
 from stacks.prometheus_rules import rule_groups
 from tests.conftest import SAMPLES
 
@@ -88,9 +88,14 @@ def test_cdktn_cli_synth_gives_the_same_stacks(stacks: dict[str, Stack],
 # ---------------------------------------------------------------------------- golden
 
 
+#: an Azure budget starts in the month of the synth (stacks/environment.py this_month)
+BUDGET_START = re.compile(r'"start_date": "\d{4}-\d{2}-01T00:00:00Z"')
+
+
 def normalised(stack: Stack) -> str:
-    return ASSET.sub("assets/package/<ASSET_HASH>/", json.dumps(stack, indent=1,
-                                                                 sort_keys=True)) + "\n"
+    text = ASSET.sub("assets/package/<ASSET_HASH>/", json.dumps(stack, indent=1,
+                                                                sort_keys=True)) + "\n"
+    return BUDGET_START.sub('"start_date": "<THIS_MONTH>"', text)
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -187,7 +192,7 @@ def test_aws_encryption_and_recovery(stacks: dict[str, Stack]) -> None:
     assert table["point_in_time_recovery"] == {"enabled": True}
     (topic,) = resources(stack, "aws_sns_topic").values()
     assert topic["kms_master_key_id"] == key
-    (logs,) = resources(stack, "aws_cloudwatch_log_group").values()
+    logs = resources(stack, "aws_cloudwatch_log_group")["function_logs"]
     assert logs["kms_key_id"] == key and logs["retention_in_days"] == 365
     (kms,) = resources(stack, "aws_kms_key").values()
     assert kms["enable_key_rotation"] is True
@@ -212,7 +217,9 @@ def test_aws_alarms_budgets_and_log_filter(stacks: dict[str, Stack]) -> None:
     assert actual == [round(f * 100, 2) for f in sorted(env.policy.budget.alert_at)]
     assert len(budget["notification"]) <= 5  # the AWS Budgets limit
     (flt,) = resources(stack, "aws_cloudwatch_log_subscription_filter").values()
-    assert flt["log_group_name"] == "/aws/sagemaker/TrainingJobs"
+    group = resources(stack, "aws_cloudwatch_log_group")["training_log_group"]
+    assert group["name"] == "/aws/sagemaker/TrainingJobs"
+    assert flt["log_group_name"] == "${aws_cloudwatch_log_group.training_log_group.name}"
     assert flt["filter_pattern"] == cloudwatch_pattern()
     for sig in SIGNATURES:
         assert all(f'"{lit}"' in flt["filter_pattern"] for lit in sig.literals), sig.name
@@ -296,13 +303,16 @@ def test_azure_alerts_and_budget(stacks: dict[str, Stack]) -> None:
     for sig in SIGNATURES:
         assert sum(f'"{sig.name}"' in q for q in queries) == 1, sig.name
     assert all(q.startswith("ContainerLogV2\n") for q in queries)
+    assert all("tostring(LogMessage) matches regex" in q for q in queries)
     metric = resources(stack, "azurerm_monitor_metric_alert")
     assert {m["severity"] for m in metric.values()} <= {1, 2}
     # research-team: a monthly 40,000 budget becomes an Azure budget; its weekly one
     # cannot (Azure budgets have no week grain) and stays with the watchdog's budget rule.
     (budget,) = resources(stack, "azurerm_consumption_budget_subscription").values()
     assert budget["amount"] == 40000 and budget["time_grain"] == "Monthly"
-    assert budget["time_period"]["start_date"] == "2026-01-01T00:00:00Z"
+    # this month's first day (a past month is rejected on apply), never replaced later
+    assert budget["time_period"]["start_date"] == f"{this_month().isoformat()}T00:00:00Z"
+    assert budget["lifecycle"]["ignore_changes"] == ["time_period[0].start_date"]
     assert len(budget["notification"]) <= 5
 
 

@@ -87,7 +87,13 @@ class SageMakerAdapter(Adapter):
         if ref in self._events:
             return self._events[ref]
         doc = self.clients.sagemaker.describe_training_job(TrainingJobName=ref)
-        job = mapping.to_job(doc, tags=self._tags_of(doc["TrainingJobArn"]))
+        try:
+            job = mapping.to_job(doc, tags=self._tags_of(doc["TrainingJobArn"]))
+        except mapping.MalformedJob as e:
+            # Listed, never dropped: UNKNOWN with the reason (and reported as an error).
+            log.error("%s: job %s listed as UNKNOWN: %s", self.name, ref, e)
+            self.errors.append(JobError(ref, f"MalformedJob: {e}"))
+            return Described(mapping.unmapped_job(doc, ref, str(e)), [], 0)
         return Described(job, mapping.metric_names(doc), mapping.host_count(doc))
 
     def fresh_tags(self, job: Job) -> dict[str, str]:

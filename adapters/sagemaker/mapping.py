@@ -106,6 +106,21 @@ def _resources(doc: Mapping[str, Any], where: str) -> tuple[str, int]:
     rc = doc.get("ResourceConfig")
     if not isinstance(rc, Mapping):
         raise MalformedJob(f"{where}: ResourceConfig is missing")
+    if rc.get("SelectedInstanceType"):
+        # InstancePreferences: SageMaker picked one of the candidates; the count is the
+        # one it selected (else the job's, or the chosen preference's).
+        chosen = rc["SelectedInstanceType"]
+        prefs = [p for p in rc.get("InstancePreferences") or []
+                 if isinstance(p, Mapping) and p.get("InstanceType") == chosen]
+        count = rc.get("SelectedInstanceCount") or rc.get("InstanceCount") or \
+            (prefs[0].get("InstanceCount") if prefs else None) or 1
+        if not isinstance(count, int) or count < 1:
+            raise MalformedJob(f"{where}: ResourceConfig.SelectedInstanceCount {count!r} is "
+                               "not a positive integer")
+        return str(chosen), count
+    if rc.get("InstancePreferences") and not rc.get("InstanceType"):
+        raise MalformedJob(f"{where}: ResourceConfig has InstancePreferences but no "
+                           "SelectedInstanceType yet (no instance chosen: no price)")
     if rc.get("InstanceType"):
         count = rc.get("InstanceCount", 1)
         if not isinstance(count, int) or count < 1:
@@ -126,8 +141,8 @@ def _resources(doc: Mapping[str, Any], where: str) -> tuple[str, int]:
 def host_count(doc: Mapping[str, Any]) -> int:
     """Hosts algo-1..algo-N of the job, every instance group included."""
     rc = doc.get("ResourceConfig") or {}
-    if rc.get("InstanceType"):
-        return int(rc.get("InstanceCount", 1))
+    if rc.get("SelectedInstanceType") or rc.get("InstanceType"):
+        return _resources(doc, "hosts")[1]
     return sum(int(g.get("InstanceCount", 0)) for g in rc.get("InstanceGroups") or [])
 
 
@@ -186,6 +201,22 @@ def to_job(doc: Mapping[str, Any], tags: dict[str, str] | None = None) -> Job:
         failure_reason=doc.get("FailureReason") or None,
         max_runtime_s=float(max_runtime) if max_runtime is not None else None,
     )
+
+
+def unmapped_job(doc: Mapping[str, Any], ref: str, reason: str) -> Job:
+    """A job whose document could not be mapped, listed anyway: UNKNOWN (no rule judges
+    it, nothing stops it) with the reason, so it is seen rather than silently unwatched."""
+    name = doc.get("TrainingJobName") if isinstance(doc.get("TrainingJobName"), str) else ref
+    arn = doc.get("TrainingJobArn")
+    try:
+        account, region = scope_of(arn, ref) if isinstance(arn, str) else ("?", "?")
+    except MalformedJob:
+        account, region = "?", "?"
+    return Job(id=str(name), provider=PROVIDER, scope=f"{account}/{region}", name=str(name),
+               state=JobState.UNKNOWN,
+               raw_state=f"{doc.get('TrainingJobStatus')}/{doc.get('SecondaryStatus')}",
+               console_url=console_url(region, str(name)) if region != "?" else None,
+               failure_reason=f"not watched: {reason}")
 
 
 def metric_names(doc: Mapping[str, Any]) -> list[str]:
