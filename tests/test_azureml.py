@@ -76,7 +76,10 @@ def test_metric_history_is_read_across_pages_in_order(replay: Replay) -> None:
     pages = replay.calls("GET", "/metrics/get-history")
     assert [s.query.get("page_token") for s in pages if s.query["run_id"] == BRIGHT
             and s.query["metric_key"] == "loss"] == [None, "eyJvZmZzZXQiOjIwfQ=="]
-    assert all(s.authorization == "Bearer replay-token" for s in replay.seen)
+    # every API call carries the token; the std_log blobs (SAS URLs) never do
+    assert all(s.authorization == "Bearer replay-token" for s in replay.seen
+               if not s.path.startswith("/blob/"))
+    assert all(s.authorization is None for s in replay.seen if s.path.startswith("/blob/"))
 
 
 def test_serverless_job_names_its_own_vm_size(replay: Replay) -> None:
@@ -245,3 +248,58 @@ def test_the_cli_source_factory_builds_it(replay: Replay, monkeypatch: pytest.Mo
         "resource_group": "rg-training", "workspace": "ws-research",
         "endpoint": replay.base, "ca_file": replay.ca_file, "backoff": "0.01"})
     assert {j.id for j in adapter.list_jobs(NOW)} == RUNNING
+
+
+# --- the job's own std_log files (compute clusters send no stdout to Log Analytics) --------
+
+HISTORY = ("/history/v1.0/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/"
+           "rg-training/providers/Microsoft.MachineLearningServices/workspaces/ws-research/runs")
+
+
+def failing_logs(replay: Replay, url: str) -> None:
+    """bright_river's run details name one std_log file at ``url`` (a SAS URL)."""
+    replay.override("GET", f"{HISTORY}/{BRIGHT}/details", 200, {
+        "runId": BRIGHT, "logFiles": {"user_logs/std_log_process_1.txt": url,
+                                      "system_logs/cs_capability/cs-capability.log": url}})
+
+
+def test_a_signature_in_std_log_reaches_the_job_dated_by_the_blob(replay: Replay) -> None:
+    failing_logs(replay, f"{replay.base}/blob/failing/user_logs/std_log_process_1.txt?sig=x")
+    adapter = adapter_for(replay)
+    jobs = {j.id: j for j in adapter.list_jobs(NOW)}
+    lines = [line for line in jobs[BRIGHT].logs if "CUDA out of memory" in line.text]
+    assert len(lines) == 1
+    # dated at the blob's Last-Modified (15 Jun 2025 15:05:00 UTC), never at the tick
+    assert lines[0].time == 1749999900.0
+    # only signature lines are kept: the step lines and the file's path line are not
+    assert all("step" not in line.text for line in jobs[BRIGHT].logs)
+    [blob] = replay.calls("GET", "/blob/failing/")
+    assert blob.authorization is None, "the SAS URL is fetched without the bearer token"
+    assert [c.path for c in replay.calls("GET", "cs-capability")] == []
+    assert [e.ref for e in adapter.errors] == ["broken_kite_3x8v1n6m4c"]  # the recorded one
+
+
+def test_the_recorded_jobs_logs_are_read_with_nothing_to_report(replay: Replay) -> None:
+    adapter = adapter_for(replay)
+    jobs = {j.id: j for j in adapter.list_jobs(NOW)}
+    assert len(replay.calls("GET", "/details")) == len(RUNNING)
+    assert len(replay.calls("GET", "/blob/")) == 4  # bright_river has two processes
+    assert all(j.logs == [] or j.raw_state == "NotResponding" for j in jobs.values())
+
+
+def test_a_log_url_off_the_clouds_storage_is_not_fetched(replay: Replay) -> None:
+    """Attack: a forged logFiles entry must not make the watchdog fetch another host."""
+    failing_logs(replay, "https://attacker.example.com/user_logs/std_log.txt?sig=x")
+    adapter = adapter_for(replay)
+    jobs = {j.id: j for j in adapter.list_jobs(NOW)}
+    assert BRIGHT in jobs and jobs[BRIGHT].series  # the job is kept, its metrics read
+    [error] = [e for e in adapter.errors if e.ref == BRIGHT]
+    assert "not on a storage host" in error.reason
+
+
+def test_run_history_failing_keeps_the_job_and_says_why(replay: Replay) -> None:
+    replay.fail("GET", f"{BRIGHT}/details", 500, times=10)
+    adapter = adapter_for(replay)
+    jobs = {j.id: j for j in adapter.list_jobs(NOW)}
+    assert BRIGHT in jobs and jobs[BRIGHT].series
+    assert any(e.ref == BRIGHT and "logs not read" in e.reason for e in adapter.errors)

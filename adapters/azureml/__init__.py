@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.azureml.adapter import UNPARSED, AzureMLAdapter
+from adapters.azureml.logs import StdLogReader
 from adapters.azureml.mapping import MalformedJob
 from adapters.azureml.mlflow import MlflowError, MlflowReader
 from adapters.azureml.states import STATES
@@ -73,9 +74,11 @@ def from_options(opts: dict[str, str], credential: Any = None) -> AzureMLAdapter
                   **kwargs)
     reader = MlflowReader(credential, retry_total=retries, retry_backoff=backoff,
                           connection_verify=verify)
+    logs = StdLogReader(credential, retry_total=retries, retry_backoff=backoff,
+                        connection_verify=verify, endpoint=endpoint)
     return AzureMLAdapter(ml, reader, subscription=opts["subscription"],
                           resource_group=opts["resource_group"], workspace=opts["workspace"],
-                          endpoint=endpoint)
+                          endpoint=endpoint, logs=logs)
 
 
 __all__ = ["STATES", "UNPARSED", "AzureMLAdapter", "MalformedJob", "MlflowError",

@@ -7,11 +7,12 @@ import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from adapters.azureml.logs import StdLogReader
 from adapters.azureml.mapping import Fields, fields, heartbeat_line, raw_status
 from adapters.azureml.mlflow import MlflowError, MlflowReader, https_base
 from adapters.azureml.states import STATES
 from adapters.base import Adapter, AdapterError, JobError
-from checker.model import Job, JobState, Series
+from checker.model import Job, JobState, LogLine, Series
 from checker.prices import gpus_of
 
 log = logging.getLogger("trainguard.adapters.azureml")
@@ -34,12 +35,15 @@ class AzureMLAdapter(Adapter):
 
     def __init__(self, ml: Any, mlflow: MlflowReader, *, subscription: str,
                  resource_group: str, workspace: str, endpoint: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, logs: StdLogReader | None = None) -> None:
         """``ml`` is an ``azure.ai.ml.MLClient`` for the workspace; ``endpoint`` replaces
-        the MLflow host (the same override the MLClient was built with)."""
+        the MLflow host (the same override the MLClient was built with); ``logs`` reads
+        the signature lines of each job's ``user_logs/std_log*.txt`` (compute clusters
+        send no stdout to Log Analytics)."""
         super().__init__(name)
         self.ml = ml
         self.mlflow = mlflow
+        self.logs = logs
         self.workspace = workspace
         self.scope = f"{subscription}/{resource_group}/{workspace}"
         self.endpoint = endpoint
@@ -79,6 +83,7 @@ class AzureMLAdapter(Adapter):
         state = self.map_state(f.raw_state)
         series, start = ({}, None) if state in self.NO_METRICS else self._metrics(f)
         start = start if start is not None else f.created
+        lines = [] if state in self.NO_METRICS else self._log_lines(f)
         instance_type = f.instance_type or self._size(f.compute)
         return Job(
             id=f.name, provider=self.provider, scope=self.scope, name=f.display_name,
@@ -86,7 +91,9 @@ class AzureMLAdapter(Adapter):
             instance_type=instance_type, instance_count=f.instance_count,
             gpus_per_instance=gpus_of(instance_type) if instance_type else None,
             tags=f.tags, console_url=f.console_url, max_runtime_s=f.max_runtime_s,
-            series=series, logs=heartbeat_line(f.raw_state, start, series),
+            series=series,
+            logs=sorted([*lines, *heartbeat_line(f.raw_state, start, series)],
+                        key=lambda line: line.time),
         )
 
     def fresh_tags(self, job: Job) -> dict[str, str]:
@@ -115,6 +122,18 @@ class AzureMLAdapter(Adapter):
         if f.tracking_uri is None:  # every v2 job has one; a job without is not tracked
             raise MlflowError(f"job {f.name} has no Tracking service (services.Tracking)")
         return https_base(f.tracking_uri, self.endpoint)
+
+    def _log_lines(self, f: Fields) -> list[LogLine]:
+        """The job's std_log signature lines; a failure is reported, the job kept."""
+        if self.logs is None:
+            return []
+        try:
+            return self.logs.lines(self._tracking(f), f.name)
+        except Exception as e:
+            reason = f"logs not read: {type(e).__name__}: {e}"
+            log.error("%s: job %s: %s", self.name, f.name, reason)
+            self.errors.append(JobError(f.name, reason))
+            return []
 
     def _metrics(self, f: Fields) -> tuple[dict[str, Series], float | None]:
         """The job's MLflow metric histories and run start; a failure here is reported
