@@ -315,3 +315,25 @@ def test_alerting_rules_match_the_lokistacks_selectors(stacks: dict[str, Stack])
     assert set(labelled) == watched
     for ns in labelled.values():
         assert rules_spec["namespaceSelector"]["matchLabels"].items() <= ns["labels"].items()
+
+
+# --- KQL: the tables and columns the queries use ----------------------------------------
+
+def test_kql_uses_the_tables_columns_and_reads_dynamic_ones_as_text(
+        stacks: dict[str, Stack]) -> None:
+    """Each query names the table the environment gives, uses only that table's columns
+    (Microsoft's table reference, vendored), and a ``dynamic`` column only through
+    ``tostring()`` (``matches regex`` on a dynamic value fails)."""
+    ref = yaml.safe_load((REFERENCE / "azure-monitor" / "ContainerLogV2.yaml").read_text())
+    rules = stacks["azure-research"]["resource"][
+        "azurerm_monitor_scheduled_query_rules_alert_v2"].values()
+    for rule in rules:
+        query = rule["criteria"][0]["query"]
+        table, *body = query.split("\n")
+        assert table == ref["table"]
+        text = "\n".join(body)
+        for m in re.finditer(r"(\w+|tostring\((\w+)\)) matches regex", text):
+            column = m.group(2) or m.group(1)
+            assert column in ref["columns"], column
+            if ref["columns"][column] == "dynamic":
+                assert m.group(2), f"{column} is dynamic: wrap it in tostring()"
