@@ -596,6 +596,10 @@ from trainguard.prices_cmd import prices_app  # noqa: E402
 
 app.add_typer(prices_app, name="prices")
 
+from trainguard.preflight import command as preflight  # noqa: E402
+
+app.command("preflight")(preflight)
+
 
 def main() -> None:  # pragma: no cover - the console script
     app()

@@ -1,0 +1,187 @@
+"""``trainguard preflight``: the AWS checks against moto in server mode (its own server,
+in a region no other test uses, so the account starts empty), the Azure and OpenShift
+ones against the sample environment files; the command through its CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from stacks.environment import ROOT, Environment, load_environment
+from trainguard.cli import app
+from trainguard.preflight import (
+    SAGEMAKER_LOG_GROUP,
+    AwsClients,
+    Status,
+    aws_clients,
+    run,
+)
+
+REGION = "eu-north-1"  # no other test writes here
+ROLE = "arn:aws:iam::123456789012:role/x"
+
+
+@pytest.fixture
+def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    requests_reset(url)
+    yield url
+    server.stop()
+
+
+def requests_reset(url: str) -> None:
+    """moto's own reset endpoint: each test starts with an empty account."""
+    import urllib.request
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
+
+
+def env(**training_log_group: Any) -> Environment:
+    base = load_environment(ROOT / "environments" / "aws-dev.yaml")
+    spec = base.spec.model_copy(update={"region": REGION})
+    if training_log_group:
+        spec = spec.model_copy(update={"training_log_group": spec.training_log_group.model_copy(
+            update=training_log_group)})
+    return dataclasses.replace(base, spec=spec)
+
+
+def client(service: str, url: str) -> Any:
+    return boto3.client(service, region_name=REGION, endpoint_url=url)
+
+
+def statuses(findings: list[Any]) -> dict[str, Status]:
+    return {f.check: f.status for f in findings}
+
+
+def test_a_new_account_has_no_blocker(moto: str) -> None:
+    e = env()
+    findings = run(e, aws_clients(e, moto))
+    assert Status.BLOCKER not in statuses(findings).values()
+    assert any("the stack creates it" in f.message for f in findings)
+
+
+def test_an_existing_log_group_must_be_adopted(moto: str) -> None:
+    client("logs", moto).create_log_group(logGroupName=SAGEMAKER_LOG_GROUP)
+    [group] = [f for f in run(env(), aws_clients(env(), moto)) if f.check == "log group"]
+    assert group.status is Status.BLOCKER and "exists: true" in group.fix
+    adopted = env(exists=True)
+    found = run(adopted, aws_clients(adopted, moto))
+    assert statuses(found)["log group"] is Status.OK
+    # kept forever today: the stack's retention would delete older logs
+    assert statuses(found)["log retention"] is Status.WARN
+
+
+def test_an_import_of_a_missing_log_group_is_a_blocker(moto: str) -> None:
+    e = env(exists=True)
+    [group] = [f for f in run(e, aws_clients(e, moto)) if f.check == "log group"]
+    assert group.status is Status.BLOCKER and "does not exist" in group.message
+
+
+def test_two_subscription_filters_held_by_others_block(moto: str) -> None:
+    logs, kinesis = client("logs", moto), client("kinesis", moto)
+    logs.create_log_group(logGroupName=SAGEMAKER_LOG_GROUP)
+    kinesis.create_stream(StreamName="fanout", ShardCount=1)
+    arn = kinesis.describe_stream(StreamName="fanout")["StreamDescription"]["StreamARN"]
+    e = env(exists=True)
+    for name in ("datadog", "siem"):
+        logs.put_subscription_filter(logGroupName=SAGEMAKER_LOG_GROUP, filterName=name,
+                                     filterPattern="", destinationArn=arn, roleArn=ROLE)
+        found = {f.check: f for f in run(e, aws_clients(e, moto))}
+    blocker = found["subscription filters"]
+    assert blocker.status is Status.BLOCKER
+    assert "datadog, siem" in blocker.message and "at most 2" in blocker.message
+
+
+def test_jobs_without_metric_definitions_are_named() -> None:
+    """SageMaker from recorded DescribeTrainingJob answers (botocore Stubber): moto gives
+    every job a built-in algorithm's metric definition, so it cannot hold a bare one."""
+    from botocore.stub import Stubber
+
+    from tests.sagemaker_replay import Recordings, parse
+
+    rec = Recordings()
+    sm = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="x",
+                      aws_secret_access_key="x")
+    stub = Stubber(sm)
+    names = ["llm-pretrain-a", "broken-c"]
+    stub.add_response("list_training_jobs", {"TrainingJobSummaries": [
+        {"TrainingJobName": n, "TrainingJobArn": f"arn:aws:sagemaker:{REGION}:1:training-job/{n}",
+         "CreationTime": 1750000000, "TrainingJobStatus": "InProgress"} for n in names]})
+    for n in names:
+        stub.add_response("describe_training_job",
+                          parse("DescribeTrainingJob", rec.body(f"describe-{n}")),
+                          {"TrainingJobName": n})
+    with stub:
+        [finding] = [f for f in run(env(), AwsClients(logs=None, sagemaker=sm))
+                     if f.check == "metric definitions"]
+    assert finding.status is Status.WARN
+    assert "1 of the 2 latest jobs" in finding.message and "broken-c" in finding.message
+
+
+def test_an_unreachable_service_is_a_blocker_not_a_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault: nothing listens there; every check says it could not check."""
+    from botocore.config import Config
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    config = Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1)
+    clients = AwsClients(*(boto3.client(service, region_name=REGION, config=config,
+                                        endpoint_url="http://127.0.0.1:9")
+                           for service in ("logs", "sagemaker")))
+    findings = run(env(), clients)
+    assert set(statuses(findings).values()) == {Status.BLOCKER}
+    assert all("could not check" in f.message for f in findings)
+
+
+# --- the command --------------------------------------------------------------------------
+
+def test_the_command_exits_1_on_a_blocker_and_0_without(moto: str,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Any) -> None:
+    text = (ROOT / "environments" / "aws-dev.yaml").read_text().replace(
+        "region: us-east-1", f"region: {REGION}")
+    path = tmp_path / "aws-dev.yaml"
+    path.write_text(text)
+    monkeypatch.chdir(ROOT)  # the policy path is relative to the repository
+    runner = CliRunner()
+    ok = runner.invoke(app, ["preflight", str(path), "--endpoint-url", moto])
+    assert ok.exit_code == 0, ok.output
+    assert "log group" in ok.output
+    client("logs", moto).create_log_group(logGroupName=SAGEMAKER_LOG_GROUP)
+    bad = runner.invoke(app, ["preflight", str(path), "--endpoint-url", moto])
+    assert bad.exit_code == 1
+    assert "exists: true" in bad.output
+
+
+@pytest.mark.parametrize("name", ["azure-research", "openshift-onprem"])
+def test_the_other_samples_run_and_say_what_is_not_read(name: str,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, ["preflight", name])
+    assert result.exit_code == 0, result.output
+    assert "WARN" in result.output and "not read by preflight" in result.output
+
+
+def test_a_bad_environment_file_names_file_and_field(tmp_path: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "aws-dev.yaml"
+    path.write_text((ROOT / "environments" / "aws-dev.yaml").read_text().replace(
+        'account: "111122223333"', "account: nope"))
+    result = CliRunner().invoke(app, ["preflight", str(path)])
+    assert result.exit_code == 2
+    assert "account" in result.output

@@ -1,0 +1,225 @@
+"""``trainguard preflight ENVIRONMENT``: before a deploy, read (never write) what the
+environment's stack assumes, with the user's own credentials, and say plainly what is
+missing and how to fix it. Exit 1 when a blocker would fail the apply or leave an alarm
+silent; warnings say what will work less well.
+
+One small function per check, registered per cloud (``CHECKS``); each returns findings.
+AWS is read with boto3 (``--endpoint-url`` points every client elsewhere: moto in the
+tests, a proxy). Azure and OpenShift are checked from the environment file only so far
+(see docs/deploy.md, "First deployment")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from stacks.environment import (
+    AwsEnvironment,
+    AzureEnvironment,
+    Environment,
+    EnvironmentFileError,
+    OpenshiftEnvironment,
+    load_environment,
+)
+
+SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+MAX_SUBSCRIPTION_FILTERS = 2  # CloudWatch Logs' limit per log group
+RECENT_JOBS = 10  # recent training jobs read for their metric definitions
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    BLOCKER = "blocker"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    message: str
+    fix: str = ""
+
+
+Check = Callable[[Environment, Any], list[Finding]]
+CHECKS: dict[str, list[Check]] = {"aws": [], "azure": [], "openshift": []}
+
+
+def check(cloud: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        CHECKS[cloud].append(fn)
+        return fn
+    return register
+
+
+# --- AWS --------------------------------------------------------------------------------
+
+@dataclass
+class AwsClients:
+    logs: Any
+    sagemaker: Any
+
+
+def aws_clients(env: Environment, endpoint_url: str | None = None) -> AwsClients:
+    import boto3
+
+    spec = env.spec
+    assert isinstance(spec, AwsEnvironment)
+    session = boto3.Session(region_name=spec.region)
+    return AwsClients(logs=session.client("logs", endpoint_url=endpoint_url),
+                      sagemaker=session.client("sagemaker", endpoint_url=endpoint_url))
+
+
+def _log_group(clients: AwsClients) -> dict[str, Any] | None:
+    pages = clients.logs.get_paginator("describe_log_groups").paginate(
+        logGroupNamePrefix=SAGEMAKER_LOG_GROUP)
+    return next((g for p in pages for g in p.get("logGroups", [])
+                 if g["logGroupName"] == SAGEMAKER_LOG_GROUP), None)
+
+
+@check("aws")
+def log_group(env: Environment, clients: AwsClients) -> list[Finding]:
+    spec = env.spec
+    assert isinstance(spec, AwsEnvironment)
+    group = _log_group(clients)
+    want = spec.training_log_group
+    name = "log group"
+    if group is None and want.exists:
+        return [Finding(name, Status.BLOCKER,
+                        f"{SAGEMAKER_LOG_GROUP} does not exist, but training_log_group.exists "
+                        "is true: the import fails",
+                        "set training_log_group.exists: false (the stack creates it)")]
+    if group is None:
+        return [Finding(name, Status.OK, f"{SAGEMAKER_LOG_GROUP} does not exist yet: the "
+                        f"stack creates it ({want.retention_days} days' retention)")]
+    if not want.exists:
+        return [Finding(name, Status.BLOCKER,
+                        f"{SAGEMAKER_LOG_GROUP} exists already: creating it fails the apply",
+                        "set training_log_group.exists: true (the stack adopts it)")]
+    kept = group.get("retentionInDays")
+    out = [Finding(name, Status.OK, f"{SAGEMAKER_LOG_GROUP} exists: the stack adopts it")]
+    if kept is None or kept > want.retention_days:
+        out.append(Finding("log retention", Status.WARN,
+                           f"its logs are kept {kept or 'forever'} "
+                           f"{'days' if kept else ''}; the stack sets "
+                           f"{want.retention_days} days, deleting older logs".replace("  ", " "),
+                           "raise training_log_group.retention_days to keep them"))
+    return out
+
+
+@check("aws")
+def subscription_filters(env: Environment, clients: AwsClients) -> list[Finding]:
+    if _log_group(clients) is None:
+        return [Finding("subscription filters", Status.OK, "none yet (no log group)")]
+    ours = f"trainguard-{env.name}-signatures"
+    filters = clients.logs.describe_subscription_filters(
+        logGroupName=SAGEMAKER_LOG_GROUP).get("subscriptionFilters", [])
+    others = [f["filterName"] for f in filters if f["filterName"] != ours]
+    if len(others) >= MAX_SUBSCRIPTION_FILTERS:
+        return [Finding("subscription filters", Status.BLOCKER,
+                        f"{SAGEMAKER_LOG_GROUP} already has {len(others)} subscription filters "
+                        f"({', '.join(others)}); a log group takes at most "
+                        f"{MAX_SUBSCRIPTION_FILTERS}",
+                        "remove one, or fan one destination out through Kinesis or Firehose "
+                        "(docs/deploy.md)")]
+    return [Finding("subscription filters", Status.OK,
+                    f"{len(others)} other filter(s): room for the watchdog's")]
+
+
+@check("aws")
+def metric_definitions(env: Environment, clients: AwsClients) -> list[Finding]:
+    jobs = clients.sagemaker.list_training_jobs(
+        MaxResults=RECENT_JOBS, SortBy="CreationTime", SortOrder="Descending"
+    ).get("TrainingJobSummaries", [])
+    if not jobs:
+        return [Finding("metric definitions", Status.OK, "no training job yet to read")]
+    bare = []
+    for summary in jobs:
+        doc = clients.sagemaker.describe_training_job(
+            TrainingJobName=summary["TrainingJobName"])
+        if not (doc.get("AlgorithmSpecification") or {}).get("MetricDefinitions"):
+            bare.append(summary["TrainingJobName"])
+    if bare:
+        return [Finding("metric definitions", Status.WARN,
+                        f"{len(bare)} of the {len(jobs)} latest jobs define no metrics "
+                        f"({', '.join(bare[:3])}{', ...' if len(bare) > 3 else ''}): only "
+                        "state, cost, GPU and logs are judged for them",
+                        "add MetricDefinitions (loss, step) to the estimator, "
+                        "docs/platforms/sagemaker.md")]
+    return [Finding("metric definitions", Status.OK,
+                    f"the {len(jobs)} latest jobs all define metrics")]
+
+
+# --- Azure and OpenShift: what the environment file alone can tell -----------------------
+
+@check("azure")
+def azure_logs(env: Environment, clients: Any) -> list[Finding]:
+    spec = env.spec
+    assert isinstance(spec, AzureEnvironment)
+    if spec.log_query is None:
+        return [Finding("log signatures", Status.OK, "no log_query: the watchdog reads each "
+                        "job's user_logs/std_log*.txt (compute clusters)")]
+    return [Finding("log signatures", Status.WARN,
+                    f"query alerts on {spec.log_query.table} in "
+                    f"{spec.log_query.workspace_id.rsplit('/', 1)[-1]}: not read by preflight",
+                    "check the table exists: the apply validates the query against it")]
+
+
+@check("openshift")
+def openshift_prerequisites(env: Environment, clients: Any) -> list[Finding]:
+    spec = env.spec
+    assert isinstance(spec, OpenshiftEnvironment)
+    loki = spec.lokistack
+    return [Finding("cluster", Status.WARN,
+                    "the CRDs, the GPU operator's namespace and port, and the LokiStack's "
+                    "rules selectors are not read by preflight yet",
+                    f"oc get crd podmonitors.monitoring.coreos.com alertingrules.loki.grafana.com;"
+                    f" oc get lokistack {loki.name} -n {loki.namespace} "
+                    "-o jsonpath='{.spec.rules}'")]
+
+
+# --- running ----------------------------------------------------------------------------
+
+def run(env: Environment, clients: Any) -> list[Finding]:
+    out: list[Finding] = []
+    for fn in CHECKS[env.cloud]:
+        try:
+            out += fn(env, clients)
+        except Exception as e:  # a check that cannot read says so; it never passes silently
+            out.append(Finding(fn.__name__.replace("_", " "), Status.BLOCKER,
+                               f"could not check: {type(e).__name__}: {e}",
+                               "check the credentials and region"))
+    return out
+
+
+def command(
+    environment: Annotated[str, typer.Argument(help="an environments/*.yaml name or path")],
+    endpoint_url: Annotated[str | None, typer.Option(
+        help="AWS: send every call to this endpoint (a proxy, moto)")] = None,
+) -> None:
+    """Read-only checks of what the environment's stack assumes; exit 1 on a blocker."""
+    path = Path(environment)
+    if not path.suffix:
+        path = Path("environments") / f"{environment}.yaml"
+    try:
+        env = load_environment(path)
+    except (EnvironmentFileError, FileNotFoundError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    clients = aws_clients(env, endpoint_url) if env.cloud == "aws" else None
+    findings = run(env, clients)
+    # One line a finding: readable on a terminal, in a pipe and in a CI log alike.
+    typer.echo(f"preflight {env.name} ({env.cloud})")
+    for f in findings:
+        typer.echo(f"{f.status.value.upper():8} {f.check}: {f.message}"
+                   + (f"\n{'':8} fix: {f.fix}" if f.fix else ""))
+    blockers = [f for f in findings if f.status is Status.BLOCKER]
+    if blockers:
+        typer.echo(f"{len(blockers)} blocker(s): fix them before `cdktn deploy {env.name}`",
+                   err=True)
+        raise typer.Exit(1)
