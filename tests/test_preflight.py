@@ -1,28 +1,43 @@
 """``trainguard preflight``: the AWS checks against moto in server mode (its own server,
-in a region no other test uses, so the account starts empty), the Azure and OpenShift
-ones against the sample environment files; the command through its CLI."""
+reset, in a region no other test uses) and recorded SageMaker answers; the OpenShift ones
+against a recorded API server (tests/k8s_replay.py) answering with the vendored
+references (NVIDIA's DaemonSet, a LokiStack); Azure from the sample file; the command
+through its CLI."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from stacks.environment import ROOT, Environment, load_environment
+from stacks.openshift import DCGM
+from tests.k8s_replay import K8sReplay, serve
+from tests.test_real_services import REFERENCE
 from trainguard.cli import app
 from trainguard.preflight import (
+    CRDS,
+    JOB_CRDS,
+    LOKI_CRDS,
     SAGEMAKER_LOG_GROUP,
     AwsClients,
     Status,
     aws_clients,
+    k8s_client,
     run,
 )
 
-REGION = "eu-north-1"  # no other test writes here
+#: one region per test: moto's state is the process's (the session's shared moto server
+#: holds other tests' data in us-east-1), so each test starts in an empty region
+REGIONS = iter(["eu-north-1", "eu-south-1", "ap-east-1", "me-south-1", "af-south-1",
+                "ap-southeast-3", "eu-central-2", "ap-south-2", "eu-south-2", "ap-southeast-4"])
+REGION = "eu-west-3"
 ROLE = "arn:aws:iam::123456789012:role/x"
 
 
@@ -37,15 +52,9 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    requests_reset(url)
+    monkeypatch.setattr(sys.modules[__name__], "REGION", next(REGIONS))
     yield url
     server.stop()
-
-
-def requests_reset(url: str) -> None:
-    """moto's own reset endpoint: each test starts with an empty account."""
-    import urllib.request
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
 
 
 def env(**training_log_group: Any) -> Environment:
@@ -166,14 +175,92 @@ def test_the_command_exits_1_on_a_blocker_and_0_without(moto: str,
     assert "exists: true" in bad.output
 
 
-@pytest.mark.parametrize("name", ["azure-research", "openshift-onprem"])
-def test_the_other_samples_run_and_say_what_is_not_read(name: str,
-                                                        monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:
+def test_the_azure_sample_runs_and_says_what_is_not_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    result = CliRunner().invoke(app, ["preflight", name])
+    result = CliRunner().invoke(app, ["preflight", "azure-research"])
     assert result.exit_code == 0, result.output
     assert "WARN" in result.output and "not read by preflight" in result.output
+
+
+# --- OpenShift, against a recorded API server built from the vendored references ------------
+
+OPENSHIFT = load_environment(ROOT / "environments" / "openshift-onprem.yaml")
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def crd(name: str, version: str) -> dict[str, Any]:
+    plural, _, group = name.partition(".")
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"plural": plural, "kind": plural.title()},
+                     "versions": [{"name": version, "served": True, "storage": True}]}}
+
+
+def cluster(replay: K8sReplay, skip: str = "", port: str | None = None,
+            selector: dict[str, str] | None = None) -> None:
+    """A cluster as the stack expects it (the GPU operator's DaemonSet and the LokiStack
+    from tests/reference), less what the test takes away."""
+    for name, version in {**CRDS, **LOKI_CRDS, JOB_CRDS[0]: "v1"}.items():
+        if name != skip:
+            replay.add_json("GET", f"{CRD_PATH}/{name}", crd(name, version))
+    ds = yaml.safe_load((REFERENCE / "gpu-operator" / "0800_daemonset.yaml").read_text())
+    ds["metadata"]["namespace"] = DCGM["namespace"]
+    if port:
+        ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"] = port
+    replay.add_json("GET", f"/apis/apps/v1/namespaces/{DCGM['namespace']}/daemonsets/"
+                           f"{DCGM['app']}", ds)
+    loki = yaml.safe_load((REFERENCE / "lokistack" / "lokistack-rules.yaml").read_text())
+    if selector is not None:
+        loki["spec"]["rules"]["selector"]["matchLabels"] = selector
+    replay.add_json("GET", "/apis/loki.grafana.com/v1/namespaces/openshift-logging/"
+                           "lokistacks/logging-loki", loki)
+
+
+def openshift_findings(replay: K8sReplay) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for f in run(OPENSHIFT, k8s_client(OPENSHIFT, replay.host)):
+        out.setdefault(f.check, []).append(f)
+    return out
+
+
+def test_a_ready_cluster_has_no_blocker() -> None:
+    with serve() as replay:
+        cluster(replay)
+        found = openshift_findings(replay)
+    assert all(f.status is Status.OK for fs in found.values() for f in fs), found
+    assert set(found) == {"CRDs", "GPU metrics", "LokiStack rules"}
+
+
+@pytest.mark.parametrize(("change", "check", "words"), [
+    ({"skip": "alertingrules.loki.grafana.com"}, "CRDs",
+     "alertingrules.loki.grafana.com is not installed"),
+    ({"port": "gpu-metrics"}, "GPU metrics", "it would scrape nothing"),
+    ({"selector": {"team": "ml"}}, "LokiStack rules", "wants {'team': 'ml'}"),
+])
+def test_each_missing_prerequisite_is_named(change: dict[str, Any], check: str,
+                                            words: str) -> None:
+    with serve() as replay:
+        cluster(replay, **change)
+        found = openshift_findings(replay)
+    [blocker] = [f for f in found[check] if f.status is Status.BLOCKER]
+    assert words in blocker.message
+    assert blocker.fix
+
+
+def test_the_openshift_sample_through_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    with serve() as replay:
+        cluster(replay)
+        ok = CliRunner().invoke(app, ["preflight", "openshift-onprem", "--kube-api",
+                                      replay.host])
+        replay.routes.clear()  # nothing installed at all
+        bad = CliRunner().invoke(app, ["preflight", "openshift-onprem", "--kube-api",
+                                       replay.host])
+    assert ok.exit_code == 0, ok.output
+    assert bad.exit_code == 1 and "is not installed" in bad.output
+    assert "no DaemonSet nvidia-dcgm-exporter" in bad.output
 
 
 def test_a_bad_environment_file_names_file_and_field(tmp_path: Any,

@@ -5,8 +5,9 @@ silent; warnings say what will work less well.
 
 One small function per check, registered per cloud (``CHECKS``); each returns findings.
 AWS is read with boto3 (``--endpoint-url`` points every client elsewhere: moto in the
-tests, a proxy). Azure and OpenShift are checked from the environment file only so far
-(see docs/deploy.md, "First deployment")."""
+tests, a proxy); OpenShift with the kubernetes client from the environment's kubeconfig
+context (``--kube-api`` for another API server). Azure is checked from the environment
+file only so far (docs/deploy.md, "First deployment")."""
 
 from __future__ import annotations
 
@@ -170,17 +171,142 @@ def azure_logs(env: Environment, clients: Any) -> list[Finding]:
                     "check the table exists: the apply validates the query against it")]
 
 
-@check("openshift")
-def openshift_prerequisites(env: Environment, clients: Any) -> list[Finding]:
+#: the CRDs the OpenShift stack's objects need (kubernetes_manifest reads them at plan)
+#: -> the version used; the log shipping adds its own
+CRDS = {"podmonitors.monitoring.coreos.com": "v1",
+        "prometheusrules.monitoring.coreos.com": "v1",
+        "alertmanagerconfigs.monitoring.coreos.com": "v1beta1"}
+LOKI_CRDS = {"clusterlogforwarders.observability.openshift.io": "v1",
+             "alertingrules.loki.grafana.com": "v1"}
+JOB_CRDS = ("pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org")
+
+
+def k8s_client(env: Environment, host: str | None = None) -> Any:
+    """An API client from the kubeconfig context the stack uses (or ``host``, no auth:
+    a recorded API server in the tests)."""
+    from kubernetes import client, config
+
     spec = env.spec
     assert isinstance(spec, OpenshiftEnvironment)
-    loki = spec.lokistack
-    return [Finding("cluster", Status.WARN,
-                    "the CRDs, the GPU operator's namespace and port, and the LokiStack's "
-                    "rules selectors are not read by preflight yet",
-                    f"oc get crd podmonitors.monitoring.coreos.com alertingrules.loki.grafana.com;"
-                    f" oc get lokistack {loki.name} -n {loki.namespace} "
-                    "-o jsonpath='{.spec.rules}'")]
+    if host:
+        conf = client.Configuration()
+        conf.host = host
+        return client.ApiClient(conf)
+    return config.new_client_from_config(context=spec.kube_context)  # type: ignore[no-untyped-call]
+
+
+def _missing(api: Any) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(api, ApiException) and api.status == 404
+
+
+def _crd(ext: Any, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        crd = ext.read_custom_resource_definition(name)
+    except ApiException as e:
+        if _missing(e):
+            return None
+        raise
+    return {v.name: v.served for v in crd.spec.versions}
+
+
+@check("openshift")
+def crds(env: Environment, api: Any) -> list[Finding]:
+    from kubernetes import client
+
+    spec = env.spec
+    assert isinstance(spec, OpenshiftEnvironment)
+    ext = client.ApiextensionsV1Api(api)
+    want = {**CRDS, **(LOKI_CRDS if spec.log_shipping == "loki" else {})}
+    out = []
+    for name, version in want.items():
+        versions = _crd(ext, name)
+        if versions is None:
+            out.append(Finding("CRDs", Status.BLOCKER, f"{name} is not installed: the plan "
+                               "fails", "install its operator before the deploy"))
+        elif not versions.get(version):
+            out.append(Finding("CRDs", Status.BLOCKER, f"{name} does not serve {version} "
+                               f"(serves {', '.join(v for v, on in versions.items() if on)})",
+                               "upgrade its operator"))
+    if all(_crd(ext, n) is None for n in JOB_CRDS):
+        out.append(Finding("CRDs", Status.WARN, "neither PyTorchJob nor TrainJob is "
+                           "installed: there is nothing to watch yet",
+                           "install the Kubeflow Training Operator or Trainer"))
+    return out or [Finding("CRDs", Status.OK, f"{len(want)} CRDs served")]
+
+
+@check("openshift")
+def dcgm_exporter(env: Environment, api: Any) -> list[Finding]:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from stacks.openshift import DCGM
+
+    name = "GPU metrics"
+    try:
+        ds = client.AppsV1Api(api).read_namespaced_daemon_set(DCGM["app"], DCGM["namespace"])
+    except ApiException as e:
+        if not _missing(e):
+            raise
+        return [Finding(name, Status.BLOCKER,
+                        f"no DaemonSet {DCGM['app']} in {DCGM['namespace']}: the idle and "
+                        "under-used GPU alerts would never fire",
+                        "install the NVIDIA GPU Operator with its DCGM exporter there")]
+    pod = ds.spec.template if ds.spec else None
+    containers = (pod.spec.containers if pod and pod.spec else None) or []
+    ports = {str(p.name) for c in containers for p in (c.ports or [])}
+    labels = (pod.metadata.labels if pod and pod.metadata else None) or {}
+    if DCGM["port"] not in ports or labels.get("app") != DCGM["app"]:
+        return [Finding(name, Status.BLOCKER,
+                        f"the exporter's pods have ports {sorted(ports)} and labels "
+                        f"{labels}; the PodMonitor selects app={DCGM['app']}, port "
+                        f"{DCGM['port']}: it would scrape nothing", "tell us: the stack "
+                        "names what NVIDIA's manifests declare")]
+    return [Finding(name, Status.OK, f"{DCGM['app']} in {DCGM['namespace']}, port "
+                    f"{DCGM['port']}")]
+
+
+@check("openshift")
+def lokistack_selectors(env: Environment, api: Any) -> list[Finding]:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    spec = env.spec
+    assert isinstance(spec, OpenshiftEnvironment)
+    if spec.log_shipping != "loki":
+        return []
+    loki, name = spec.lokistack, "LokiStack rules"
+    try:
+        stack = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "loki.grafana.com", "v1", loki.namespace, "lokistacks", loki.name)
+    except ApiException as e:
+        if not _missing(e):
+            raise
+        return [Finding(name, Status.BLOCKER, f"no LokiStack {loki.name} in "
+                        f"{loki.namespace}", "set lokistack: {name, namespace}")]
+    body: dict[str, Any] = stack if isinstance(stack, dict) else {}
+    rules = (body.get("spec") or {}).get("rules") or {}
+    out = []
+    if not rules.get("enabled"):
+        out.append(Finding(name, Status.BLOCKER, "the LokiStack's ruler is off "
+                           "(spec.rules.enabled): no log alert would fire",
+                           "set spec.rules.enabled: true on the LokiStack"))
+    for field, key, ours in (("selector", "rule_labels", loki.rule_labels),
+                             ("namespaceSelector", "namespace_labels", loki.namespace_labels)):
+        sel = rules.get(field) or {}
+        need = sel.get("matchLabels") or {}
+        if not need.items() <= ours.items():
+            out.append(Finding(name, Status.BLOCKER,
+                               f"spec.rules.{field} wants {need}; the stack labels with {ours}",
+                               f"set lokistack.{key} to {need}"))
+        if sel.get("matchExpressions"):
+            out.append(Finding(name, Status.WARN, f"spec.rules.{field} has matchExpressions, "
+                               "not compared", "check them by hand"))
+    return out or [Finding(name, Status.OK, "the AlertingRules and namespaces match the "
+                           "LokiStack's rules selectors")]
 
 
 # --- running ----------------------------------------------------------------------------
@@ -201,6 +327,8 @@ def command(
     environment: Annotated[str, typer.Argument(help="an environments/*.yaml name or path")],
     endpoint_url: Annotated[str | None, typer.Option(
         help="AWS: send every call to this endpoint (a proxy, moto)")] = None,
+    kube_api: Annotated[str | None, typer.Option(
+        help="OpenShift: this API server URL instead of the kubeconfig context")] = None,
 ) -> None:
     """Read-only checks of what the environment's stack assumes; exit 1 on a blocker."""
     path = Path(environment)
@@ -211,8 +339,14 @@ def command(
     except (EnvironmentFileError, FileNotFoundError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    clients = aws_clients(env, endpoint_url) if env.cloud == "aws" else None
-    findings = run(env, clients)
+    try:
+        clients = (aws_clients(env, endpoint_url) if env.cloud == "aws" else
+                   k8s_client(env, kube_api) if env.cloud == "openshift" else None)
+        findings = run(env, clients)
+    except Exception as e:  # no credentials, no kubeconfig: say so, never pass
+        findings = [Finding("credentials", Status.BLOCKER,
+                            f"cannot connect: {type(e).__name__}: {e}",
+                            "log in (aws configure / oc login) and check the context")]
     # One line a finding: readable on a terminal, in a pipe and in a CI log alike.
     typer.echo(f"preflight {env.name} ({env.cloud})")
     for f in findings:
