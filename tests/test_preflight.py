@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from stacks.environment import ROOT, Environment, load_environment
 from stacks.openshift import DCGM
+from tests.contract.case_azureml import Replay, StaticToken, start
 from tests.k8s_replay import K8sReplay, serve
 from tests.test_real_services import REFERENCE
 from trainguard.cli import app
@@ -28,6 +29,7 @@ from trainguard.preflight import (
     SAGEMAKER_LOG_GROUP,
     AwsClients,
     Status,
+    arm_client,
     aws_clients,
     k8s_client,
     run,
@@ -175,12 +177,58 @@ def test_the_command_exits_1_on_a_blocker_and_0_without(moto: str,
     assert "exists: true" in bad.output
 
 
-def test_the_azure_sample_runs_and_says_what_is_not_read(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)
-    result = CliRunner().invoke(app, ["preflight", "azure-research"])
-    assert result.exit_code == 0, result.output
-    assert "WARN" in result.output and "not read by preflight" in result.output
+# --- Azure, against the recorded Resource Manager (tests/contract/case_azureml.py, TLS) -------
+
+AZURE = load_environment(ROOT / "environments" / "azure-research.yaml")
+WORKSPACE = "Microsoft.MachineLearningServices/workspaces/research-ws"
+TABLE = "/workspaces/aks-research-insights/tables/ContainerLogV2"
+
+
+def table_body(*columns: str) -> dict[str, Any]:
+    """A Log Analytics table as ARM answers GET .../tables/NAME (standard columns)."""
+    return {"name": "ContainerLogV2", "properties": {"schema": {
+        "name": "ContainerLogV2", "standardColumns": [
+            {"name": c, "type": "dynamic" if c == "LogMessage" else "string"}
+            for c in columns]}}}
+
+
+def azure_findings(replay: Replay) -> dict[str, Any]:
+    arm = arm_client(replay.base, replay.ca_file, StaticToken())
+    return {f.check: f for f in run(AZURE, arm)}
+
+
+def test_azure_workspace_and_table_present(request: pytest.FixtureRequest) -> None:
+    replay = start(request)
+    replay.override("GET", WORKSPACE, 200, {"name": "research-ws", "location": "westeurope"})
+    replay.override("GET", TABLE, 200, table_body("TimeGenerated", "LogMessage", "PodName"))
+    found = azure_findings(replay)
+    assert {k: f.status for k, f in found.items()} == {
+        "ML workspace": Status.OK, "log signatures": Status.OK}
+    assert all(s.authorization == "Bearer replay-token" for s in replay.seen)
+
+
+@pytest.mark.parametrize(("routes", "check", "words"), [
+    ({TABLE: table_body("TimeGenerated", "LogMessage")}, "ML workspace", "no workspace"),
+    ({WORKSPACE: {"name": "research-ws"}}, "log signatures", "no table ContainerLogV2"),
+    ({WORKSPACE: {"name": "research-ws"}, TABLE: table_body("TimeGenerated")},
+     "log signatures", "no column LogMessage"),
+])
+def test_azure_each_missing_prerequisite_is_named(request: pytest.FixtureRequest,
+                                                  routes: dict[str, Any], check: str,
+                                                  words: str) -> None:
+    replay = start(request)
+    for part, body in routes.items():
+        replay.override("GET", part, 200, body)
+    finding = azure_findings(replay)[check]
+    assert finding.status is Status.BLOCKER and words in finding.message
+
+
+def test_azure_resource_manager_failing_is_a_blocker(request: pytest.FixtureRequest) -> None:
+    replay = start(request)
+    replay.override("GET", WORKSPACE, 500, {"error": {"code": "InternalServerError"}})
+    replay.override("GET", TABLE, 200, table_body("LogMessage"))
+    finding = azure_findings(replay)["ml workspace"]
+    assert finding.status is Status.BLOCKER and "could not check" in finding.message
 
 
 # --- OpenShift, against a recorded API server built from the vendored references ------------

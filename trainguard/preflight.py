@@ -6,8 +6,8 @@ silent; warnings say what will work less well.
 One small function per check, registered per cloud (``CHECKS``); each returns findings.
 AWS is read with boto3 (``--endpoint-url`` points every client elsewhere: moto in the
 tests, a proxy); OpenShift with the kubernetes client from the environment's kubeconfig
-context (``--kube-api`` for another API server). Azure is checked from the environment
-file only so far (docs/deploy.md, "First deployment")."""
+context (``--kube-api`` for another API server); Azure with GETs on Resource Manager
+(``DefaultAzureCredential``)."""
 
 from __future__ import annotations
 
@@ -158,17 +158,89 @@ def metric_definitions(env: Environment, clients: AwsClients) -> list[Finding]:
 
 # --- Azure and OpenShift: what the environment file alone can tell -----------------------
 
+ARM = "https://management.azure.com"
+#: api-versions of the two ARM reads (Azure ML workspaces; Log Analytics tables)
+ML_API, TABLES_API = "2024-04-01", "2022-10-01"
+
+
+@dataclass
+class Arm:
+    """GETs on Azure Resource Manager with the user's credential."""
+
+    client: Any
+    base: str = ARM
+
+    def get(self, path: str, api_version: str) -> tuple[int, dict[str, Any]]:
+        from azure.core.rest import HttpRequest
+
+        response = self.client.send_request(HttpRequest(
+            "GET", f"{self.base}{path}", params={"api-version": api_version}))
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        return response.status_code, body if isinstance(body, dict) else {}
+
+
+def arm_client(endpoint: str | None = None, ca_file: str | None = None,
+               credential: Any = None) -> Arm:
+    from azure.core import PipelineClient
+    from azure.core.pipeline.policies import BearerTokenCredentialPolicy, RetryPolicy
+
+    if credential is None:
+        from azure.identity import DefaultAzureCredential
+        credential = DefaultAzureCredential()
+    base = (endpoint or ARM).rstrip("/")
+    client: PipelineClient[Any, Any] = PipelineClient(base, connection_verify=ca_file or True,
+                                                      policies=[
+        RetryPolicy(retry_total=2),
+        BearerTokenCredentialPolicy(credential, f"{ARM}/.default")])
+    return Arm(client, base)
+
+
 @check("azure")
-def azure_logs(env: Environment, clients: Any) -> list[Finding]:
+def ml_workspace(env: Environment, arm: Arm) -> list[Finding]:
     spec = env.spec
     assert isinstance(spec, AzureEnvironment)
-    if spec.log_query is None:
+    ws = spec.ml_workspace
+    path = (f"/subscriptions/{spec.subscription}/resourceGroups/{ws.resource_group}"
+            f"/providers/Microsoft.MachineLearningServices/workspaces/{ws.name}")
+    status, body = arm.get(path, ML_API)
+    if status == 404:
+        return [Finding("ML workspace", Status.BLOCKER, f"no workspace {ws.name} in "
+                        f"{ws.resource_group}: the role assignment fails",
+                        "fix ml_workspace: {resource_group, name}")]
+    if status >= 400:
+        raise RuntimeError(f"GET workspace: HTTP {status}")
+    return [Finding("ML workspace", Status.OK,
+                    f"{ws.name} in {body.get('location', '?')}")]
+
+
+@check("azure")
+def log_table(env: Environment, arm: Arm) -> list[Finding]:
+    spec = env.spec
+    assert isinstance(spec, AzureEnvironment)
+    query = spec.log_query
+    if query is None:
         return [Finding("log signatures", Status.OK, "no log_query: the watchdog reads each "
                         "job's user_logs/std_log*.txt (compute clusters)")]
-    return [Finding("log signatures", Status.WARN,
-                    f"query alerts on {spec.log_query.table} in "
-                    f"{spec.log_query.workspace_id.rsplit('/', 1)[-1]}: not read by preflight",
-                    "check the table exists: the apply validates the query against it")]
+    status, body = arm.get(f"{query.workspace_id}/tables/{query.table}", TABLES_API)
+    if status == 404:
+        return [Finding("log signatures", Status.BLOCKER,
+                        f"no table {query.table} in {query.workspace_id.rsplit('/', 1)[-1]}: "
+                        "the query alert fails validation at deploy",
+                        "enable Container Insights on the attached cluster with this "
+                        "workspace, or leave log_query out (compute clusters)")]
+    if status >= 400:
+        raise RuntimeError(f"GET table: HTTP {status}")
+    columns = {c.get("name") for part in ("columns", "standardColumns")
+               for c in (body.get("properties", {}).get("schema", {}).get(part) or [])}
+    if columns and query.column not in columns:
+        return [Finding("log signatures", Status.BLOCKER,
+                        f"{query.table} has no column {query.column}",
+                        "fix log_query.column")]
+    return [Finding("log signatures", Status.OK,
+                    f"{query.table}.{query.column} exists in the named workspace")]
 
 
 #: the CRDs the OpenShift stack's objects need (kubernetes_manifest reads them at plan)
@@ -326,7 +398,10 @@ def run(env: Environment, clients: Any) -> list[Finding]:
 def command(
     environment: Annotated[str, typer.Argument(help="an environments/*.yaml name or path")],
     endpoint_url: Annotated[str | None, typer.Option(
-        help="AWS: send every call to this endpoint (a proxy, moto)")] = None,
+        help="AWS or Azure: send every call to this endpoint (a proxy, a test double)")
+    ] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="Azure: the CA bundle of --endpoint-url")] = None,
     kube_api: Annotated[str | None, typer.Option(
         help="OpenShift: this API server URL instead of the kubeconfig context")] = None,
 ) -> None:
@@ -341,7 +416,8 @@ def command(
         raise typer.Exit(2) from None
     try:
         clients = (aws_clients(env, endpoint_url) if env.cloud == "aws" else
-                   k8s_client(env, kube_api) if env.cloud == "openshift" else None)
+                   k8s_client(env, kube_api) if env.cloud == "openshift" else
+                   arm_client(endpoint_url, ca_file))
         findings = run(env, clients)
     except Exception as e:  # no credentials, no kubeconfig: say so, never pass
         findings = [Finding("credentials", Status.BLOCKER,
