@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -59,15 +60,40 @@ def progress(job: Job) -> Series | None:
     return Series("step", best.time[ok], best.step[ok], best.step[ok])
 
 
+#: A step logged again after a silence this many times the run's median record interval
+#: is a resume from a checkpoint, not a step counter that wraps each epoch.
+RESUME_GAP_FACTOR = 3.0
+
+
+def resumes(prog: Series) -> np.ndarray:
+    """Indices of the records where the run resumed from a checkpoint: the step went back
+    below one already logged, after a silence well beyond the run's own cadence. A process
+    that was restarted (a spot interruption, a crash, a pre-emption) logs again steps it
+    had passed; the silence before it was the job being down, not a hang of the job that
+    resumed."""
+    if len(prog) < 3:
+        return np.empty(0, dtype=np.intp)
+    gaps = np.diff(prog.time)
+    typical = float(np.median(gaps))
+    if not typical > 0:
+        return np.empty(0, dtype=np.intp)
+    back = prog.step[1:] < np.maximum.accumulate(prog.step)[:-1]
+    return np.flatnonzero(back & (gaps > RESUME_GAP_FACTOR * typical)) + 1
+
+
 def update_times(prog: Series) -> FloatArray:
     """When progress was made: the times of the records that raised the step beyond every
-    step before them (a repeated or lower step is no progress)."""
+    step before them (a repeated or lower step is no progress). After a resume from a
+    checkpoint the count starts again: the resumed process's first record and every step
+    it raises are progress."""
     if not len(prog):
         return np.empty(0)
-    best = np.maximum.accumulate(prog.step)
-    rises = np.empty(len(best), dtype=bool)
-    rises[0] = True
-    np.greater(best[1:], best[:-1], out=rises[1:])
+    starts = [0, *resumes(prog).tolist(), len(prog)]
+    rises = np.empty(len(prog), dtype=bool)
+    for a, b in itertools.pairwise(starts):
+        best = np.maximum.accumulate(prog.step[a:b])
+        rises[a] = True
+        np.greater(best[1:], best[:-1], out=rises[a + 1:b])
     return prog.time[rises]
 
 

@@ -217,6 +217,12 @@ class Cuts:
         t = np.fromiter((line.time for line in job.logs), np.float64, len(job.logs))
         self.log_times = t if bool(np.all(np.diff(t) >= 0)) else None
         self.heads: dict[str, Series] = {}
+        # Where the log resumes from a checkpoint, the job was down from its record before
+        # to the resume (a live watchdog would have seen the first process end); the cuts
+        # in between say so instead of calling the job running. Hindsight, stated as such.
+        prog = cost.progress(job)
+        self.down = [] if prog is None else [
+            (float(prog.time[i - 1]), float(prog.time[i])) for i in cost.resumes(prog)]
         # what changed from the cut before to the last one made
         self.grown: set[str] = set()
         self.logs_grown = self.state_changed = True
@@ -242,14 +248,20 @@ class Cuts:
             logs = job.logs[: int(self.log_times.searchsorted(t, "right"))]
         ended = job.end_time is not None and job.end_time <= t
         restarts = [r for r in job.restart_times if r <= t]
-        now = (len(logs), ended, len(restarts))
+        down = next(((a, b) for a, b in self.down if a < t < b), None)
+        now = (len(logs), ended, len(restarts), down)
         self.logs_grown = self._last is None or now[0] != self._last[0]
         self.state_changed = self._last is None or now[1:] != self._last[1:]
         self._last = now
         cut = object.__new__(Job)  # a shallow copy: dataclasses.replace costs more than a rule
         cut.__dict__.update(job.__dict__)
+        state = job.state if ended and not job.state.terminal else JobState.RUNNING
+        if down is not None and not ended:
+            state = JobState.PENDING
+            cut.__dict__["raw_state"] = ("down: its log resumes from a checkpoint "
+                                         f"{down[1] - down[0]:.0f} s after its last record")
         cut.__dict__.update(
-            state=job.state if ended and not job.state.terminal else JobState.RUNNING,
+            state=state,
             end_time=job.end_time if ended else None,
             series=self._series(t),
             logs=logs,

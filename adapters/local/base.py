@@ -9,6 +9,7 @@ by time and adds the ``step`` (progress) series.
 from __future__ import annotations
 
 import gzip
+import itertools
 import math
 import os
 from abc import ABC, abstractmethod
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from adapters.local.definitions import MetricDefinition
 from adapters.local.names import recognise
+from checker.cost import RESUME_GAP_FACTOR
 from checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
 
 NAN = math.nan
@@ -232,13 +234,25 @@ class RunBuilder:
     @staticmethod
     def _progress(records: npt.NDArray[np.bool_], step: FloatArray,
                   time: FloatArray) -> Series | None:
-        """One point per distinct step, at the first time it was recorded."""
+        """One point per distinct step, at the first time it was recorded, in time order;
+        and again after each resume from a checkpoint (the step going back after a silence
+        far beyond the run's cadence: ``checker.cost.RESUME_GAP_FACTOR``), so that the
+        resume can be seen. A metric logged late for an earlier step is no resume."""
         if not records.any():
             return None
         idx = np.flatnonzero(records)
-        _, first = np.unique(step[idx], return_index=True)
-        idx = idx[first]
         idx = idx[np.argsort(time[idx], kind="stable")]
+        s, tm = step[idx], time[idx]
+        gaps = np.diff(tm)
+        typical = float(np.median(gaps[gaps > 0])) if (gaps > 0).any() else 0.0
+        back = s[1:] < np.maximum.accumulate(s)[:-1]
+        starts = np.flatnonzero(back & (gaps > RESUME_GAP_FACTOR * typical)) + 1 \
+            if typical > 0 else np.empty(0, dtype=np.intp)
+        keep: list[np.ndarray] = []
+        for a, b in itertools.pairwise([0, *starts.tolist(), len(idx)]):
+            _, first = np.unique(s[a:b], return_index=True)
+            keep.append(a + np.sort(first))
+        idx = idx[np.concatenate(keep)]
         return Series("step", time[idx], step[idx], step[idx])
 
 

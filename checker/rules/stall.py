@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.cost import progress, update_times
+from checker.cost import progress, resumes, update_times
 from checker.model import Finding, FloatArray, Job, Series, Severity
 from checker.registry import register
 from checker.rules.base import Context, Rule, param
@@ -46,11 +46,16 @@ class Stall(Rule):
     name = "stall"
     Params = StallParams
 
-    def threshold(self, times: np.ndarray) -> tuple[float, dict[str, float]]:
-        """The silence that counts as a stall for a job whose progress came at ``times``."""
+    def threshold(self, times: np.ndarray, resumed: np.ndarray | None = None
+                  ) -> tuple[float, dict[str, float]]:
+        """The silence that counts as a stall for a job whose progress came at ``times``;
+        the silences that ended in a resume from a checkpoint (at ``resumed``) were the job
+        being down, and are not learnt as the job's own pauses."""
         p: StallParams = self.params
-        gaps = np.diff(times[p.warmup_updates - 1:]) if len(times) > p.warmup_updates else (
-            np.empty(0))
+        ts = times[p.warmup_updates - 1:]
+        gaps = np.diff(ts) if len(times) > p.warmup_updates else np.empty(0)
+        if resumed is not None and len(resumed) and len(gaps):
+            gaps = gaps[~np.isin(ts[1:], resumed)]
         if len(gaps) < p.min_updates:
             return max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}
         p99 = quantile(gaps, 0.99)
@@ -63,8 +68,10 @@ class Stall(Rule):
             return []  # no time axis: a silence cannot be measured
         p: StallParams = self.params
         prog = progress(job)
+        resumed = None
         if prog is not None and len(prog):
             times = update_times(prog)
+            resumed = prog.time[resumes(prog)]
             last_step = float(np.max(prog.step))
         else:
             last = job.last_time()
@@ -73,11 +80,11 @@ class Stall(Rule):
             times = np.array([last])
             last_step = float("nan")
         last = float(times[-1])
-        resumed = job.series.get("pause_seconds")
-        if resumed is not None and len(resumed) and float(resumed.time[-1]) > last:
-            last = float(resumed.time[-1])  # the loop said it resumed: alive from there
+        paused = job.series.get("pause_seconds")
+        if paused is not None and len(paused) and float(paused.time[-1]) > last:
+            last = float(paused.time[-1])  # the loop said it resumed: alive from there
         silence = float(ctx.now - last)
-        thr, learnt = self.threshold(times)
+        thr, learnt = self.threshold(times, resumed)
         pauses = _finished_pauses(job)
         if len(pauses):
             # Pauses the job reported finishing (evaluation, checkpoint) are learnt too.

@@ -1,0 +1,93 @@
+"""A run resumed from a checkpoint: the step goes back after a silence far beyond the
+run's cadence. The silence was the job being down; the resumed process is progress. A
+long silence with no resume after it is still a stall. Curves are built in the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from checker import cost
+from checker.evaluate import evaluate
+from checker.model import Job, JobState, Series, Severity
+from checker.policy import Policy
+from trainguard.replay import replay
+
+T0 = 1_700_000_000.0
+EPOCH_S = 480.0  # eight minutes an epoch
+DOWN_S = 10 * 3600.0  # the job is down for ten hours
+
+
+def resumed_job(resume: bool = True) -> Job:
+    """Epochs 1..25 every 8 min; then ten hours of silence; then, resumed from the epoch-20
+    checkpoint, epochs 21..30 (or, without ``resume``, epochs 26..30 as if the same
+    process went on)."""
+    first = np.arange(1, 26, dtype=float)
+    second = np.arange(21, 31, dtype=float) if resume else np.arange(26, 31, dtype=float)
+    t1 = T0 + first * EPOCH_S
+    t2 = t1[-1] + DOWN_S + np.arange(1, len(second) + 1) * EPOCH_S
+    steps, times = np.concatenate([first, second]), np.concatenate([t1, t2])
+    loss = 2.0 / np.sqrt(steps)
+    return Job(id="resumed", provider="local", state=JobState.RUNNING, start_time=T0,
+               series={"step": Series("step", times, steps, steps),
+                       "loss": Series("loss", times, steps, loss)})
+
+
+def test_a_resume_is_seen_and_a_wrapping_step_counter_is_not() -> None:
+    job = resumed_job()
+    prog = cost.progress(job)
+    assert prog is not None
+    assert cost.resumes(prog).tolist() == [25]
+    # a per-epoch batch counter wraps every 100 records at the usual cadence: no resume
+    steps = np.tile(np.arange(100.0), 5)
+    times = T0 + np.arange(len(steps)) * 10.0
+    assert cost.resumes(Series("step", times, steps, steps)).tolist() == []
+
+
+def test_the_resumed_process_counts_as_progress_at_once() -> None:
+    job = resumed_job()
+    resumed_at = float(job.series["step"].time[25])
+    now = resumed_at + 60.0  # one minute after the resumed process logged epoch 21 again
+    found = [f for f in evaluate([job.until(now)], Policy(), now) if f.rule == "stall"]
+    assert found == []
+
+
+def test_the_down_time_is_not_learnt_as_a_pause_of_the_job() -> None:
+    job = resumed_job()
+    last = float(job.series["step"].time[-1])
+    now = last + 3 * 3600.0  # three silent hours after the resumed run's last epoch
+    (f,) = [f for f in evaluate([job.until(now)], Policy(), now) if f.rule == "stall"]
+    assert f.severity is Severity.CRITICAL
+    assert f.evidence["threshold_s"] < DOWN_S / 4  # learnt from the 8-minute cadence
+
+
+def test_replay_calls_the_time_before_a_resume_down_not_a_stall() -> None:
+    result = replay(resumed_job(), Policy())
+    assert not [h for h in result.histories if h.rule == "stall"]
+
+
+def test_a_long_silence_with_no_resume_after_it_is_still_a_stall() -> None:
+    result = replay(resumed_job(resume=False), Policy())
+    (h,) = [h for h in result.histories if h.rule == "stall"]
+    assert h.worst is Severity.CRITICAL
+
+
+def test_a_log_file_keeps_the_resume_and_drops_a_late_metric(tmp_path: Path) -> None:
+    """Read by the real JSON-lines reader, as ``check`` and ``replay`` read it."""
+    import json
+
+    from adapters.local import load_run
+
+    job = resumed_job()
+    lines = [{"step": s, "time": t, "loss": v} for t, s, v in
+             zip(job.series["loss"].time, job.series["loss"].step, job.series["loss"].value,
+                 strict=True)]
+    # an evaluation of epoch 24's checkpoint logged a minute after epoch 25: no resume
+    lines.insert(25, {"step": 24.0, "time": lines[24]["time"] + 60, "val_loss": 1.0})
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    prog = cost.progress(load_run(path))
+    assert prog is not None
+    assert prog.step.tolist() == [*range(1, 26), *range(21, 31)]
+    assert cost.resumes(prog).tolist() == [25]
