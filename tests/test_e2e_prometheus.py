@@ -139,8 +139,8 @@ def cluster(curves_dir: Path) -> Iterator[Cluster]:
                              ("trainguard_step", "step")):
             s = job.series[theirs]
             # Prometheus sets ``namespace`` from the scrape target: the job's own.
-            samples.append((ours, {"run": name, "namespace": NS}, np.round(now - 60 - STEP_S * (last - s.step), 3),
-                            s.value))
+            when = np.round(now - 60 - STEP_S * (last - s.step), 3)
+            samples.append((ours, {"run": name, "namespace": NS}, when, s.value))
         jobs.append(pytorchjob(name, now - 60 - STEP_S * last))
     with ExitStack() as stack:
         hook, server = webhook()
