@@ -50,7 +50,7 @@ from checker.model import Action, Severity
 from checker.registry import rule_names
 from stacks import package
 from stacks.base import covers, local_state
-from stacks.environment import AwsEnvironment, Environment
+from stacks.environment import AwsEnvironment, Environment, TrainingLogGroup
 
 #: the findings metrics the Lambda publishes (EMF); tests/test_seams.py holds them equal
 #: to what lambdas/aws/sinks.py emits
@@ -109,6 +109,16 @@ def budget_notifications(unit: str, alert_at: list[float]) -> list[tuple[str, fl
     room = MAX_BUDGET_NOTIFICATIONS - len(forecast)
     percents = sorted({round(f * 100, 2) for f in alert_at})[:room]
     return [*(("ACTUAL", p) for p in percents), *forecast]
+
+
+def training_log_group(scope: Construct, want: TrainingLogGroup) -> CloudwatchLogGroup:
+    """SageMaker's log group, created with its retention, or adopted (a Terraform import
+    block) where it exists already: either way the stack owns it before subscribing."""
+    group = CloudwatchLogGroup(scope, "training_log_group", name=SAGEMAKER_LOG_GROUP,
+                               retention_in_days=want.retention_days)
+    if want.exists:
+        group.import_from(SAGEMAKER_LOG_GROUP)
+    return group
 
 
 def alarm_period(interval_minutes: int) -> int:
@@ -350,11 +360,7 @@ class AwsStack(TerraformStack):
         # has logged yet, a subscription to it fails the apply. The stack owns the group
         # (or adopts the one there) and subscribes after it. A log group takes at most
         # two subscription filters (docs/alarms-aws.md).
-        training = spec.training_log_group
-        group = CloudwatchLogGroup(self, "training_log_group", name=SAGEMAKER_LOG_GROUP,
-                                   retention_in_days=training.retention_days)
-        if training.exists:
-            group.import_from(SAGEMAKER_LOG_GROUP)
+        group = training_log_group(self, spec.training_log_group)
         CloudwatchLogSubscriptionFilter(
             self, "training_logs", name=f"{self.prefix}-signatures",
             log_group_name=group.name, destination_arn=self.function.arn,

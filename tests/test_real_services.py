@@ -337,3 +337,27 @@ def test_kql_uses_the_tables_columns_and_reads_dynamic_ones_as_text(
             assert column in ref["columns"], column
             if ref["columns"][column] == "dynamic":
                 assert m.group(2), f"{column} is dynamic: wrap it in tostring()"
+
+
+def test_an_existing_training_log_group_is_adopted_by_an_import_block() -> None:
+    """On a bare stack (CDK construct test): ``exists: true`` adopts the group with a
+    Terraform import block instead of creating it (which fails with "already exists")."""
+    import json
+
+    from cdktn import TerraformStack, Testing
+
+    from stacks.aws import training_log_group
+    from stacks.environment import TrainingLogGroup
+
+    app = Testing.app()
+    synthed = {}
+    for exists in (True, False):
+        stack = TerraformStack(app, f"bare-{exists}".lower())
+        training_log_group(stack, TrainingLogGroup(exists=exists, retention_days=30))
+        synthed[exists] = json.loads(Testing.synth(stack))
+    assert synthed[True]["import"] == [{"id": "/aws/sagemaker/TrainingJobs",
+                                        "to": "aws_cloudwatch_log_group.training_log_group"}]
+    assert "import" not in synthed[False]
+    for out in synthed.values():
+        group = out["resource"]["aws_cloudwatch_log_group"]["training_log_group"]
+        assert group == {"name": "/aws/sagemaker/TrainingJobs", "retention_in_days": 30}
