@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
@@ -40,6 +41,7 @@ _MIGRATIONS = {
                                "DEFAULT 1",
     ("audit_log", "rid"): "ALTER TABLE audit_log ADD COLUMN rid TEXT",
 }
+_OPEN_ATTEMPTS = 50  # tries to switch a new file to WAL while another opens it
 _RID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS audit_log_rid ON audit_log (rid)"
 
 
@@ -50,16 +52,38 @@ class SQLiteStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a recorded stop intent must survive
-            self._db.executescript(_SCHEMA)
+            self._prepare()
+        except (sqlite3.Error, OSError) as e:
+            raise StateStoreError(f"{self.path}: cannot open the state database: {e}") from e
+
+    def _prepare(self) -> None:
+        """WAL mode, tables and migrations, safe when two watchers open one new file at
+        once: switching to WAL may answer "locked" without waiting (SQLite does not call
+        the busy handler there), so it is retried; the schema and migrations are one
+        IMMEDIATE transaction, so two cannot both add a column."""
+        for attempt in range(_OPEN_ATTEMPTS):
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == _OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+        self._db.execute("BEGIN IMMEDIATE")  # waits up to the connection's timeout
+        try:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
             for (table, column), sql in _MIGRATIONS.items():
                 columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
                 if column not in columns:
                     self._db.execute(sql)
             self._db.execute(_RID_INDEX)
-        except (sqlite3.Error, OSError) as e:
-            raise StateStoreError(f"{self.path}: cannot open the state database: {e}") from e
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self._db.close()

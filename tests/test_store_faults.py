@@ -307,13 +307,20 @@ def test_two_watchers_on_one_sqlite_file_at_once_stop_each_job_once(tmp_path: Pa
         path = tmp_path / f"watch-{trial}.sqlite"
         sources = [FakeSource("fake", [make_job(f"j{i}", 500.0) for i in range(200)])
                    for _ in range(2)]
-        start = threading.Barrier(2)
+        start = threading.Barrier(2, timeout=60)  # a watcher that dies fails, never hangs
         lost: list[str] = []
+        crashed: list[BaseException] = []
 
         def watcher(src: FakeSource, lost: list[str] = lost, path: Path = path,
-                    start: threading.Barrier = start) -> None:
-            store = SQLiteStore(path)
-            start.wait()
+                    start: threading.Barrier = start,
+                    crashed: list[BaseException] = crashed) -> None:
+            try:
+                store = SQLiteStore(path)  # both open the new file at once
+                start.wait()
+            except BaseException as e:
+                crashed.append(e)
+                start.abort()
+                return
             try:
                 tick([src], policy(cap=200), store, [], now=T0, rules=RULES)
             except StateStoreError as e:
@@ -325,9 +332,38 @@ def test_two_watchers_on_one_sqlite_file_at_once_stop_each_job_once(tmp_path: Pa
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout=120)
+        assert not crashed, f"trial {trial}: {crashed}"
         stops = Counter(job for s in sources for job in s.stops)
         assert len(stops) == 200 and max(stops.values()) == 1, f"trial {trial}"
         check = SQLiteStore(path)
         assert len([a for a in check.audit_log() if a.action == AuditAction.STOP]) == 200
         check.close()
+
+
+def test_two_watchers_opening_one_new_sqlite_file_at_once_both_open(tmp_path: Path) -> None:
+    """Switching a new file to WAL can answer "locked" without waiting; each watcher must
+    still open the store (it happened under load in CI: one watcher died at start)."""
+    import threading
+
+    from lambdas.sqlite_state import SQLiteStore
+
+    for trial in range(20):
+        path = tmp_path / f"new-{trial}.sqlite"
+        start = threading.Barrier(4, timeout=60)
+        errors: list[BaseException] = []
+
+        def opener(path: Path = path, start: threading.Barrier = start,
+                   errors: list[BaseException] = errors) -> None:
+            try:
+                start.wait()
+                SQLiteStore(path).close()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=opener) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        assert errors == [], f"trial {trial}: {errors}"
