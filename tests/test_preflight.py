@@ -231,6 +231,28 @@ def test_azure_resource_manager_failing_is_a_blocker(request: pytest.FixtureRequ
     assert finding.status is Status.BLOCKER and "could not check" in finding.message
 
 
+def test_azure_preflight_command_end_to_end(request: pytest.FixtureRequest,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``preflight`` command on the azure-research sample, over the recorded Resource
+    Manager (TLS replay). The one stand-in is the Azure AD token: its endpoint cannot be
+    reached here, so ``DefaultAzureCredential`` yields the replay's static token."""
+    import azure.identity
+
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", lambda: StaticToken())
+    replay = start(request)
+    replay.override("GET", WORKSPACE, 200, {"name": "research-ws", "location": "westeurope"})
+    args = ["preflight", "azure-research", "--endpoint-url", replay.base,
+            "--ca-file", replay.ca_file]
+    bad = CliRunner().invoke(app, args)  # no ContainerLogV2 table in the workspace yet
+    assert bad.exit_code == 1, bad.output
+    assert "BLOCKER  log signatures" in bad.output and "no table ContainerLogV2" in bad.output
+    replay.override("GET", TABLE, 200, table_body("TimeGenerated", "LogMessage", "PodName"))
+    ok = CliRunner().invoke(app, args)
+    assert ok.exit_code == 0, ok.output
+    assert "OK       ML workspace" in ok.output
+    assert all(s.authorization == "Bearer replay-token" for s in replay.seen)
+
+
 # --- OpenShift, against a recorded API server built from the vendored references ------------
 
 OPENSHIFT = load_environment(ROOT / "environments" / "openshift-onprem.yaml")
