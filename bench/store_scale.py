@@ -25,7 +25,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +33,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
-from checker.model import Action, Finding, Job, Series, Severity
+from checker.model import Action, Job, Series, Severity
 from checker.policy import Policy, RuleConfig, Safety
-from checker.rules.base import Context, Rule, param
+from checker.rules.base import Rule
 from lambdas.state import MemoryStore, StateStore
 from lambdas.tick import tick
+from tests.test_tick import LossAbove  # the tick tests' rule: a last loss above a limit
 
 T0 = 1_750_000_000.0
 INTERVAL = 300.0
-
-
-@dataclass
-class LossAboveParams:
-    limit: float = param(10.0, "a last loss above this is bad")
-
-
-class LossAbove(Rule):
-    name = "loss_above"
-    Params = LossAboveParams
-
-    def detect(self, job: Job, ctx: Context) -> list[Finding]:
-        loss = job.series["loss"]
-        if loss.value[-1] <= self.params.limit:
-            return []
-        return [Finding(job.id, self.name, Severity.WARNING, f"loss {loss.value[-1]:g}",
-                        started_at=float(loss.time[-1]), evidence={"kind": "high"})]
 
 
 POLICY = Policy(rules={"loss_above": RuleConfig(actions={Severity.WARNING: Action.NOTIFY})},

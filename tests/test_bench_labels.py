@@ -11,22 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from trainguard.bench.command import bench
+from tests.test_bench import app, runner  # the bench command mounted as in the real CLI
 from trainguard.bench.labels import LabelsError, read_labels
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command("bench")(bench)
-
-
-@app.command("other")
-def _other() -> None:  # a second command, so ``bench`` is a subcommand as in the real CLI
-    pass
-
-
-runner = CliRunner(env={"COLUMNS": "220"})
 HEADER = "run,format,label,family,onset_step,target_metric,metrics\n"
 
 
