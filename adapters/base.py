@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from checker.model import Job, JobState
+from trainguard.checker.model import Job, JobState
 
 log = logging.getLogger("trainguard.adapters")
 

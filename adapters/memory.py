@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from adapters.base import Adapter
-from checker.model import Job, JobState
+from trainguard.adapters.base import Adapter
+from trainguard.checker.model import Job, JobState
 
 
 class MemoryAdapter(Adapter):

@@ -9,16 +9,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from adapters.base import Adapter
+from trainguard.adapters.base import Adapter
 
 Factory = Callable[[dict[str, str]], Adapter]
 
 #: source name -> "module:function" building the adapter from options
 SOURCES: dict[str, str] = {
-    "sagemaker": "adapters.sagemaker:from_options",
-    "azureml": "adapters.azureml:from_options",
-    "kubeflow": "adapters.kubeflow:from_options",
-    "prometheus": "adapters.prometheus:from_options",
+    "sagemaker": "trainguard.adapters.sagemaker:from_options",
+    "azureml": "trainguard.adapters.azureml:from_options",
+    "kubeflow": "trainguard.adapters.kubeflow:from_options",
+    "prometheus": "trainguard.adapters.prometheus:from_options",
 }
 
 

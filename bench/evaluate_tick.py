@@ -22,8 +22,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-from checker import Job, Policy, Series, evaluate
-from checker.evaluate import build_rules
+from trainguard.checker import Job, Policy, Series, evaluate
+from trainguard.checker.evaluate import build_rules
 
 
 def make_jobs(n: int, n_series: int, points: int, seed: int = 0) -> tuple[list[Job], float]:

@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from checker.forecast import Prior, forecast, learn_prior  # noqa: E402
-from checker.model import Job, Series  # noqa: E402
-from checker.policy import Policy  # noqa: E402
-from checker.rules.base import Context  # noqa: E402
-from checker.rules.target import Target  # noqa: E402
+from trainguard.checker.forecast import Prior, forecast, learn_prior  # noqa: E402
+from trainguard.checker.model import Job, Series  # noqa: E402
+from trainguard.checker.policy import Policy  # noqa: E402
+from trainguard.checker.rules.base import Context  # noqa: E402
+from trainguard.checker.rules.target import Target  # noqa: E402
 
 CHECKPOINTS = (0.25, 0.5, 0.75)
 VAL = re.compile(r"step:(\d+)/(\d+) val_loss:(\S+)")

@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.local import load_run  # noqa: E402
-from checker.evaluate import build_rules  # noqa: E402
+from trainguard.adapters.local import load_run  # noqa: E402
+from trainguard.checker.evaluate import build_rules  # noqa: E402
 from trainguard.policy import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
 

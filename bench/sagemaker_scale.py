@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.sagemaker import SageMakerAdapter  # noqa: E402
-from adapters.sagemaker.clients import Clients  # noqa: E402
+from trainguard.adapters.sagemaker import SageMakerAdapter  # noqa: E402
+from trainguard.adapters.sagemaker.clients import Clients  # noqa: E402
 
 
 def _replay() -> Any:

@@ -33,12 +33,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
-from checker.model import Action, Job, Series, Severity
-from checker.policy import Policy, RuleConfig, Safety
-from checker.rules.base import Rule
-from lambdas.state import MemoryStore, StateStore
-from lambdas.tick import tick
 from tests.test_tick import LossAbove  # the tick tests' rule: a last loss above a limit
+from trainguard.checker.model import Action, Job, Series, Severity
+from trainguard.checker.policy import Policy, RuleConfig, Safety
+from trainguard.checker.rules.base import Rule
+from trainguard.lambdas.state import MemoryStore, StateStore
+from trainguard.lambdas.tick import tick
 
 T0 = 1_750_000_000.0
 INTERVAL = 300.0
@@ -77,7 +77,7 @@ def memory() -> Iterator[StateStore]:
 
 @contextlib.contextmanager
 def sqlite() -> Iterator[StateStore]:
-    from lambdas.sqlite_state import SQLiteStore
+    from trainguard.lambdas.sqlite_state import SQLiteStore
 
     with tempfile.TemporaryDirectory() as d:
         store = SQLiteStore(Path(d) / "state.sqlite")
@@ -90,7 +90,7 @@ def dynamodb() -> Iterator[StateStore]:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from lambdas.aws.dynamodb_state import DynamoDBStore, create_table
+    from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, create_table
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -108,8 +108,8 @@ def dynamodb() -> Iterator[StateStore]:
 
 @contextlib.contextmanager
 def table() -> Iterator[StateStore]:
-    from lambdas.azure.table_state import TableStore
     from tests.servers import azurite_connection, azurite_table
+    from trainguard.lambdas.azure.table_state import TableStore
 
     with azurite_table() as server:
         yield TableStore.from_connection_string(azurite_connection(server),
@@ -120,10 +120,10 @@ def table() -> Iterator[StateStore]:
 def configmap() -> Iterator[StateStore]:
     from kubernetes import client
 
-    from adapters.kubeflow.client import api_client, retry_policy
-    from lambdas.k8s.configmap_state import ConfigMapStore
     from tests.k8s_configmap import ConfigMapReplay
     from tests.k8s_replay import serve
+    from trainguard.adapters.kubeflow.client import api_client, retry_policy
+    from trainguard.lambdas.k8s.configmap_state import ConfigMapStore
 
     with serve(ConfigMapReplay()) as replay:
         assert isinstance(replay, ConfigMapReplay)

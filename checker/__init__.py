@@ -3,9 +3,18 @@
 Pure Python and numpy: it runs inside every watchdog function.
 """
 
-from checker.evaluate import evaluate
-from checker.model import Action, Finding, Job, JobState, LogLine, Series, Severity, verdict
-from checker.policy import AccountBudget, Budget, Cost, Policy, RuleConfig, Safety
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.model import (
+    Action,
+    Finding,
+    Job,
+    JobState,
+    LogLine,
+    Series,
+    Severity,
+    verdict,
+)
+from trainguard.checker.policy import AccountBudget, Budget, Cost, Policy, RuleConfig, Safety
 
 __all__ = [
     "AccountBudget", "Action", "Budget", "Cost", "Finding", "Job", "JobState", "LogLine",

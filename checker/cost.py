@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from checker.model import FloatArray, Job, Series
-from checker.policy import Policy
-from checker.prices import lookup
+from trainguard.checker.model import FloatArray, Job, Series
+from trainguard.checker.policy import Policy
+from trainguard.checker.prices import lookup
 
 
 def hourly_cost(job: Job, policy: Policy) -> float | None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from checker import cost
-from checker.model import Finding, Job
-from checker.policy import Policy
-from checker.registry import RULES, rule_names
-from checker.rules.base import Context, Rule
+from trainguard.checker import cost
+from trainguard.checker.model import Finding, Job
+from trainguard.checker.policy import Policy
+from trainguard.checker.registry import RULES, rule_names
+from trainguard.checker.rules.base import Context, Rule
 
 if TYPE_CHECKING:
-    from checker.follow import Followers
+    from trainguard.checker.follow import Followers
 
 log = logging.getLogger("trainguard.checker")
 

@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from checker.model import Finding, Job, LogLine, Series
-from checker.rules.base import Context
+from trainguard.checker.model import Finding, Job, LogLine, Series
+from trainguard.checker.rules.base import Context
 
 if TYPE_CHECKING:
-    from checker.rules.base import Rule
+    from trainguard.checker.rules.base import Rule
 
 #: Read marks for what is not a series.
 _ALL, _LOGS, _NOW, _JOBS = "\0all", "\0logs", "\0now", "\0jobs"

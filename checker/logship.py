@@ -5,8 +5,8 @@ for the LokiStack ruler and rewrite_tag rules for Fluent Bit."""
 
 from __future__ import annotations
 
-from checker.model import Severity
-from checker.signatures import SIGNATURES, Signature
+from trainguard.checker.model import Severity
+from trainguard.checker.signatures import SIGNATURES, Signature
 
 CLOUDWATCH_PATTERN_LIMIT = 1024  # characters, the service's limit for a filter pattern
 

@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from checker.model import Job, Series
-from checker.policy import Policy
+from trainguard.checker.model import Job, Series
+from trainguard.checker.policy import Policy
 
 #: The order in which a "the loss" is looked for when the policy names none: held-out
 #: losses first (they say whether the model generalises), then the training loss.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from checker.model import Action, Severity
+from trainguard.checker.model import Action, Severity
 
 Period = Literal["day", "week", "month"]
 #: What a finding can rest on besides the training metrics a job writes: the job's state

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from checker.rules.base import Rule
+    from trainguard.checker.rules.base import Rule
 
 R = TypeVar("R", bound="type[Rule]")
 
@@ -20,6 +20,6 @@ def register(cls: R) -> R:
 
 
 def rule_names() -> list[str]:
-    import checker.rules  # noqa: F401  (registers the built-in rules)
+    import trainguard.checker.rules  # noqa: F401  (registers the built-in rules)
 
     return sorted(RULES)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from checker.model import Severity
+from trainguard.checker.model import Severity
 
 
 @dataclass(frozen=True)

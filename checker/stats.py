@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from checker.model import FloatArray
+from trainguard.checker.model import FloatArray
 
 
 def quantile(x: FloatArray, q: float) -> float:

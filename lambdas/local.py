@@ -28,16 +28,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from adapters.local import MetricDefinition, assign_ids, load_runs
-from adapters.local.ids import path_ids
-from checker.cost import progress
-from checker.model import Job, JobState
-from checker.policy import Policy
-from checker.rules.base import Rule
-from lambdas.pidguard import PidHandle
-from lambdas.sqlite_state import SQLiteStore
-from lambdas.state import AuditAction, AuditRecord
-from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
+from trainguard.adapters.local import MetricDefinition, assign_ids, load_runs
+from trainguard.adapters.local.ids import path_ids
+from trainguard.checker.cost import progress
+from trainguard.checker.model import Job, JobState
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Rule
+from trainguard.lambdas.pidguard import PidHandle
+from trainguard.lambdas.sqlite_state import SQLiteStore
+from trainguard.lambdas.state import AuditAction, AuditRecord
+from trainguard.lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
 
 GRACE_S = 10.0
 #: lines of a started process's output shown when it ends

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checker.model import Action
-from lambdas.state import AuditAction
-from lambdas.tick import AlarmEvent
+from trainguard.checker.model import Action
+from trainguard.lambdas.state import AuditAction
+from trainguard.lambdas.tick import AlarmEvent
 
 SUBJECT_MAX = 100  # SNS rejects longer email subjects
 FIELD_MAX = 500  # characters kept of one untrusted field

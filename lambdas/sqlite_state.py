@@ -16,7 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
+from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS job_memory (

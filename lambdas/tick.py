@@ -39,13 +39,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from checker import cost
-from checker.evaluate import evaluate
-from checker.model import Action, Finding, Job, JobState, Series, Severity
-from checker.policy import Policy
-from checker.rules.base import Rule
-from lambdas import trust
-from lambdas.state import (
+from trainguard.checker import cost
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.model import Action, Finding, Job, JobState, Series, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Rule
+from trainguard.lambdas import trust
+from trainguard.lambdas.state import (
     AuditAction,
     AuditRecord,
     FindingMemory,

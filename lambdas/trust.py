@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checker.model import Finding, Job, Severity
-from checker.policy import Policy
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.checker.policy import Policy
 
 #: rule -> the signal its findings rest on; any other rule rests on the training metrics
 #: the job writes (loss, step, throughput), the most easily forged.
@@ -76,7 +76,7 @@ def refusal(source: Any, finding: Finding, findings: list[Finding],
 def before_stop(source: Any, job: Job, policy: Policy) -> None:
     """Read the job's tags again, uncached, and raise ``StopRefused`` if they no longer
     allow the stop: the protect tag is on, or the runtime's opt-in tag is off."""
-    from lambdas.tick import is_protected  # the tick imports this module
+    from trainguard.lambdas.tick import is_protected  # the tick imports this module
 
     fresh = getattr(_adapter(source), "fresh_tags", None)
     if fresh is None:

@@ -1,4 +1,4 @@
-"""``python -m stacks [ENVIRONMENT...]``: synthesise one stack per environment file (all
+"""``python -m trainguard.stacks [ENVIRONMENT...]``: synthesise one stack per environment file (all
 of them by default) into ``cdktf.out/stacks/<environment>/cdk.tf.json``. This is the
 ``app`` of ``cdktf.json``, so ``cdktn synth`` and ``cdktn deploy <environment>`` run it.
 Problems in the environment files are printed one a line, and the exit status is 2."""
@@ -9,12 +9,12 @@ import os
 import sys
 from pathlib import Path
 
-from stacks.environment import ENVIRONMENTS, EnvironmentFileError
+from trainguard.stacks.environment import ENVIRONMENTS, EnvironmentFileError
 
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    from stacks.app import synth  # after the variable: jsii reads it on import
+    from trainguard.stacks.app import synth  # after the variable: jsii reads it on import
 
     try:
         # TRAINGUARD_ENVIRONMENTS: another folder of environment files (tests, forks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.kubeflow.kinds import STOP_REASON_ANNOTATION
+from trainguard.adapters.kubeflow.kinds import STOP_REASON_ANNOTATION
 
 NAME = "trainguard-watchdog-stops-only"
 

@@ -9,14 +9,14 @@ from typing import Any
 
 from cdktn import App
 
-from stacks.environment import ENVIRONMENTS, ROOT, Environment, load_all
+from trainguard.stacks.environment import ENVIRONMENTS, ROOT, Environment, load_all
 
 #: cloud -> "module:Class"; imported only when an environment needs it (each provider
 #: package loads hundreds of MB of jsii bindings)
 STACKS = {
-    "aws": "stacks.aws:AwsStack",
-    "azure": "stacks.azure:AzureStack",
-    "openshift": "stacks.openshift:OpenshiftStack",
+    "aws": "trainguard.stacks.aws:AwsStack",
+    "azure": "trainguard.stacks.azure:AzureStack",
+    "openshift": "trainguard.stacks.openshift:OpenshiftStack",
 }
 BUILD = ROOT / "build" / "stacks"  # Lambda packages (the stacks copy them as assets)
 

@@ -45,12 +45,12 @@ from cdktn_provider_aws.sns_topic_subscription import SnsTopicSubscription
 from cdktn_provider_aws.sqs_queue import SqsQueue
 from constructs import Construct
 
-from checker.logship import cloudwatch_pattern
-from checker.model import Action, Severity
-from checker.registry import rule_names
-from stacks import package
-from stacks.base import covers, local_state
-from stacks.environment import AwsEnvironment, Environment, TrainingLogGroup
+from trainguard.checker.logship import cloudwatch_pattern
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.registry import rule_names
+from trainguard.stacks import package
+from trainguard.stacks.base import covers, local_state
+from trainguard.stacks.environment import AwsEnvironment, Environment, TrainingLogGroup
 
 #: the findings metrics the Lambda publishes (EMF); tests/test_seams.py holds them equal
 #: to what lambdas/aws/sinks.py emits

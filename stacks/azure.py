@@ -68,13 +68,13 @@ from cdktn_provider_azurerm.storage_container import StorageContainer
 from cdktn_provider_azurerm.storage_table import StorageTable
 from constructs import Construct
 
-from checker.logship import kql_query
-from checker.model import Action, Severity
-from checker.registry import rule_names
-from checker.signatures import SIGNATURES
-from stacks import package
-from stacks.base import covers, local_state
-from stacks.environment import AzureEnvironment, Environment, Webhook
+from trainguard.checker.logship import kql_query
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.registry import rule_names
+from trainguard.checker.signatures import SIGNATURES
+from trainguard.stacks import package
+from trainguard.stacks.base import covers, local_state
+from trainguard.stacks.environment import AzureEnvironment, Environment, Webhook
 
 #: the custom metric lambdas/azure posts (Azure Monitor custom metrics REST API) on the
 #: Application Insights resource: dimensions rule and severity (tests/test_seams.py

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from checker.policy import Policy
+from trainguard.checker.policy import Policy
 from trainguard.policy import (
     Loc,
     PolicyError,

@@ -6,7 +6,7 @@ heartbeat when it pushes to a Pushgateway; log shipping through OpenShift Loggin
 LokiStack (with Loki ruler alerts from the signatures) or through a Fluent Bit Helm
 release.
 
-The CronJob runs ``python -m lambdas.k8s`` (``COMMAND``) with the settings
+The CronJob runs ``python -m trainguard.lambdas.k8s`` (``COMMAND``) with the settings
 ``lambdas/k8s/cronjob.py`` reads (``cron_env``); tests/test_seams.py holds the two
 sides together."""
 
@@ -50,12 +50,12 @@ from cdktn_provider_kubernetes.service_account_v1 import (
 )
 from constructs import Construct
 
-from checker.logship import fluentbit_rewrite_rules, logql_rule
-from checker.signatures import SIGNATURES
-from stacks import admission
-from stacks.base import local_state
-from stacks.environment import Environment, OpenshiftEnvironment
-from stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups, watchdog_rules
+from trainguard.checker.logship import fluentbit_rewrite_rules, logql_rule
+from trainguard.checker.signatures import SIGNATURES
+from trainguard.stacks import admission
+from trainguard.stacks.base import local_state
+from trainguard.stacks.environment import Environment, OpenshiftEnvironment
+from trainguard.stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups, watchdog_rules
 
 WATCHDOG = "trainguard"
 STATE_CONFIGMAP = "trainguard-state"
@@ -65,7 +65,8 @@ SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # token, and OpenShi
 STATE_MOUNT = "/var/lib/trainguard"  # the Containerfile's volume, for SQLite state
 STATE_FILE = "state.sqlite"
 STATE_CLAIM = "trainguard-state"  # the PersistentVolumeClaim of SQLite state
-COMMAND = ["python", "-m", "lambdas.k8s"]  # the entry point, said here, not left to the image
+# the entry point, said here, not left to the image
+COMMAND = ["python", "-m", "trainguard.lambdas.k8s"]
 METRICS_LABEL = "trainguard.io/metrics"  # training pods with this label are scraped
 #: the kinds the watchdog reads, and suspends (patch) when stops are enabled
 JOB_KINDS = (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org", "trainjobs"))

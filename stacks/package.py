@@ -10,7 +10,7 @@ code, the policy or a pin does. Wheels are downloaded once for ``manylinux2014_x
 / CPython 3.11 into a cache (``TRAINGUARD_WHEEL_CACHE``, default ``.tools/wheels``);
 later builds are offline.
 
-``python -m stacks.package [lambda|function] POLICY [OUT.zip]`` builds one and prints
+``python -m trainguard.stacks.package [lambda|function] POLICY [OUT.zip]`` builds one and prints
 its size.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAMBDA_LIMIT_BYTES = 50 * 1024 * 1024  # direct-upload limit of a zipped Lambda package
 POLICY_NAME = "policy.yaml"  # where the environment's policy lands in either package
-HANDLER = "lambdas.aws.handler"  # the Lambda's handler: the module's ``handler``
+HANDLER = "trainguard.lambdas.aws.handler"  # the Lambda's handler: the module's ``handler``
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--only-binary=:all:",
             "--python-version", "3.11", "--implementation", "cp")
 
@@ -125,7 +125,10 @@ def _code_files(root: Path) -> Iterator[tuple[str, Path]]:
         for f in files:
             rel = f.relative_to(root)
             if _SKIP_PARTS.isdisjoint(rel.parts) and f.suffix not in (".pyc", ".pyo"):
-                yield rel.as_posix(), f
+                # the layers' folders sit beside trainguard/ in the repository and inside it
+                # once installed (one import namespace, issue 14)
+                name = rel.as_posix()
+                yield (name if rel.parts[0] == "trainguard" else f"trainguard/{name}"), f
 
 
 def _entry(name: str) -> zipfile.ZipInfo:
@@ -349,7 +352,7 @@ def main(argv: list[str]) -> int:
     kind = argv[0] if argv and argv[0] in KINDS else "lambda"
     args = argv[1:] if argv and argv[0] in KINDS else argv
     if not 1 <= len(args) <= 2:
-        print("usage: python -m stacks.package [lambda|function] POLICY.yaml [OUT.zip]",
+        print("usage: python -m trainguard.stacks.package [lambda|function] POLICY.yaml [OUT.zip]",
               file=sys.stderr)
         return 2
     out = Path(args[1]) if len(args) > 1 else ROOT / "build" / f"{kind}.zip"

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from checker.model import Action, Severity
-from checker.policy import Policy
-from checker.registry import RULES, rule_names
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.registry import RULES, rule_names
 
 SCRAPE_SECONDS = 30  # the PodMonitors' interval; a "for" of N points is N-1 intervals
 

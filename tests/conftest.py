@@ -39,7 +39,7 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cdktf.out")
     env = {**os.environ, "CDKTF_OUTDIR": str(out),
            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    done = subprocess.run([sys.executable, "-m", "stacks"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "trainguard.stacks"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return out

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from checker.model import Clock, Job, JobState, LogLine, Series
 from trainguard.bench.anchors import (
     ANCHORS,
     ClearMLNonResponsive,
@@ -20,6 +19,7 @@ from trainguard.bench.anchors import (
     KerasTerminateOnNaN,
     LightningEarlyStopping,
 )
+from trainguard.checker.model import Clock, Job, JobState, LogLine, Series
 
 NAN, INF = float("nan"), float("inf")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from lambdas.aws import settings as s
-from lambdas.aws.routes import find, logs, schedule, state_change
-from lambdas.aws.routes.base import Route, register
+from trainguard.lambdas.aws import settings as s
+from trainguard.lambdas.aws.routes import find, logs, schedule, state_change
+from trainguard.lambdas.aws.routes.base import Route, register
 
 ENV = {s.STATE_TABLE_ENV: "state", s.REGION_ENV: "eu-west-1"}
 

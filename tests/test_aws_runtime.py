@@ -29,11 +29,6 @@ from typing import Any
 import boto3
 import pytest
 
-from checker.model import Action, Severity
-from lambdas.aws.dynamodb_state import DynamoDBStore, StateConflict, create_table
-from lambdas.aws.sinks import PutMetricDataWriter, tick_metrics
-from lambdas.state import AuditAction, StateStore, StateStoreError
-from lambdas.tick import tick
 from tests.sagemaker_replay import REGION, Recordings, SageMakerServer, put_logs
 
 # The shared tick's safety tests, run here on the DynamoDB store (the ``store`` fixture).
@@ -51,8 +46,13 @@ from tests.test_tick import (  # noqa: F401
     test_persistence_needs_consecutive_ticks,
     test_protect_tag,
 )
+from trainguard.checker.model import Action, Severity
+from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, StateConflict, create_table
+from trainguard.lambdas.aws.sinks import PutMetricDataWriter, tick_metrics
+from trainguard.lambdas.state import AuditAction, StateStore, StateStoreError
+from trainguard.lambdas.tick import tick
 
-HANDLER = importlib.import_module("lambdas.aws.handler")
+HANDLER = importlib.import_module("trainguard.lambdas.aws.handler")
 ACCOUNT = "123456789012"
 OOM = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,8 +335,8 @@ def test_older_event_never_replaces_a_newer_one(store: DynamoDBStore) -> None:
 # --- metrics ---------------------------------------------------------------------------
 
 def test_metric_names_match_the_stacks_alarms() -> None:
-    from lambdas.aws import sinks
-    from stacks import aws as stack
+    from trainguard.lambdas.aws import sinks
+    from trainguard.stacks import aws as stack
     assert (sinks.NAMESPACE, sinks.FINDINGS, sinks.SPEND, sinks.JOBS) == (
         stack.NAMESPACE, stack.FINDINGS, stack.SPEND, stack.JOBS)
 
@@ -346,7 +346,7 @@ def test_put_metric_data_fallback_lands_in_cloudwatch(moto_url: str) -> None:
     jobs = [dataclasses.replace(make_job("j1", 500.0, price=4.0), scope=scope),
             dataclasses.replace(make_job("j2", 1.0, price=6.0), scope=scope)]
     pol = policy()
-    from checker.evaluate import evaluate
+    from trainguard.checker.evaluate import evaluate
     findings = evaluate(jobs, pol, 100.0, RULES)
     cw = client("cloudwatch", moto_url)
     PutMetricDataWriter(cw, namespace="trainguard-fallback").write(
@@ -513,7 +513,7 @@ def test_a_log_alarm_no_sink_took_is_raised_by_the_next_tick(
     """SNS refusing the immediate log alarm (a wrapper refusing in front of the real
     sink: the boundary is SNS being down): the claim is given back, so the next tick
     raises the finding from the kept lines instead of counting it as said."""
-    from lambdas.aws.runtime import Runtime
+    from trainguard.lambdas.aws.runtime import Runtime
 
     fn = make_lambda(["logs-f"], persist=3)
     real = Runtime.sinks
@@ -571,7 +571,7 @@ def test_the_job_name_check_is_sagemakers_own() -> None:
     """The route's copy of TrainingJobName's pattern and length is botocore's model."""
     import botocore.session
 
-    from lambdas.aws.routes.state_change import JOB_NAME
+    from trainguard.lambdas.aws.routes.state_change import JOB_NAME
 
     shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(
         "TrainingJobName")
@@ -621,7 +621,7 @@ def test_real_events_match_the_stacks_event_pattern(moto_url: str,
 
 @pytest.mark.slow
 def test_package_imports_the_handler_with_only_its_zip_and_boto3(tmp_path: Path) -> None:
-    from stacks import package
+    from trainguard.stacks import package
     policy_file = ROOT / "trainguard" / "data" / "default-policy.yaml"
     try:
         pkg = package.build(policy_file, tmp_path / "lambda.zip")
@@ -640,7 +640,7 @@ def test_package_imports_the_handler_with_only_its_zip_and_boto3(tmp_path: Path)
     (runtime / "six.py").symlink_to(importlib.import_module("six").__file__ or "")
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
             "import importlib, lambdas.aws as p\n"
-            "m = importlib.import_module('lambdas.aws.handler')\n"
+            "m = importlib.import_module('trainguard.lambdas.aws.handler')\n"
             "assert callable(p.handler) and p.handler is m.handler\n"
             "assert m.PACKAGE_ROOT.joinpath('policy.yaml').is_file()\n"
             "bad = [n for n in sys.modules if n.split('.')[0] in ('pytest', 'moto')]\n"

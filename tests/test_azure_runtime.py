@@ -32,12 +32,6 @@ from azure.functions import meta
 from azure.functions.timer import TimerRequestConverter
 
 import tests.test_tick as tick_tests
-from checker.policy import Policy
-from lambdas.azure import function_app
-from lambdas.azure.sinks import METRIC_NAME, METRIC_NAMESPACE, WebhookSink, metric_document
-from lambdas.azure.table_state import TableStore
-from lambdas.state import AuditAction, JobMemory, StateStoreError
-from lambdas.tick import TickReport, tick
 from tests.contract.case_azureml import (
     GROUP,
     NOW,
@@ -50,6 +44,17 @@ from tests.contract.case_azureml import (
     start,
 )
 from tests.servers import Server, azurite, azurite_connection, azurite_table
+from trainguard.checker.policy import Policy
+from trainguard.lambdas.azure import function_app
+from trainguard.lambdas.azure.sinks import (
+    METRIC_NAME,
+    METRIC_NAMESPACE,
+    WebhookSink,
+    metric_document,
+)
+from trainguard.lambdas.azure.table_state import TableStore
+from trainguard.lambdas.state import AuditAction, JobMemory, StateStoreError
+from trainguard.lambdas.tick import TickReport, tick
 from trainguard.policy import PolicyError, load_policy_text
 
 __all__ = ["azurite"]  # the session fixture, imported for pytest
@@ -233,7 +238,7 @@ for _name, _test in inspect.getmembers(tick_tests, inspect.isfunction):
 
 def test_memory_and_audit_round_trip_with_awkward_keys_and_long_memory(store: TableStore
                                                                         ) -> None:
-    from lambdas.state import AuditRecord, FindingMemory
+    from trainguard.lambdas.state import AuditRecord, FindingMemory
 
     key = "azureml:azureml:sub/rg/ws:job#1?%"  # RowKeys may not hold / # ?
     mem = JobMemory(key, "azureml", "job#1?%", 5.0)

@@ -12,12 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.azureml import UNPARSED, from_options
-from adapters.base import AdapterError
-from checker.model import Job, JobState
-from checker.policy import Policy
-from checker.rules.base import Context
-from checker.rules.stall import Stall
 from tests.contract.case_azureml import (
     NOW,
     RECORDINGS,
@@ -27,6 +21,12 @@ from tests.contract.case_azureml import (
     adapter_for,
     start,
 )
+from trainguard.adapters.azureml import UNPARSED, from_options
+from trainguard.adapters.base import AdapterError
+from trainguard.checker.model import Job, JobState
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Context
+from trainguard.checker.rules.stall import Stall
 
 BRIGHT, QUIET, SLEEPY = ("bright_river_4k2m9x7q1z", "quiet_harbor_8w3n5c2v6b",
                          "sleepy_owl_2p7d4k9m3x")
@@ -240,7 +240,7 @@ def test_bad_options_say_which(opts: dict[str, str], message: str) -> None:
 def test_the_cli_source_factory_builds_it(replay: Replay, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--source azureml --opt ...`` goes through ``adapters.sources.build``; with no
     Azure AD here, DefaultAzureCredential is the one part replaced."""
-    from adapters.sources import build
+    from trainguard.adapters.sources import build
 
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", StaticToken)
     adapter = build("azureml", {

@@ -13,10 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from checker.prices import lookup
 from trainguard.bench.anchors import ANCHORS
 from trainguard.bench.command import bench
 from trainguard.bench.labels import LabelsError, read_labels
+from trainguard.checker.prices import lookup
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("bench")(bench)

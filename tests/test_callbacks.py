@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch", reason="torch not installed: pip install 't
 datasets = pytest.importorskip("sklearn.datasets",
                                reason="scikit-learn not installed: pip install 'trainguard[demo]'")
 
-from adapters.local import load_run  # noqa: E402
-from checker.evaluate import evaluate  # noqa: E402
+from trainguard.adapters.local import load_run  # noqa: E402
+from trainguard.checker.evaluate import evaluate  # noqa: E402
 from trainguard.cli import app  # noqa: E402
 from trainguard.emit import Emitter  # noqa: E402
 from trainguard.policy import default_policy  # noqa: E402

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from adapters.local import load_runs
-from checker.evaluate import build_rules
-from checker.model import verdict
 from tests.conftest import ROOT
+from trainguard.adapters.local import load_runs
+from trainguard.checker.evaluate import build_rules
+from trainguard.checker.model import verdict
 from trainguard.cli import app, judge_finished
 from trainguard.policy import default_policy
 from trainguard.replay import first_record, replay

@@ -13,22 +13,27 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = r"""
 import importlib, pkgutil, sys
 
-ALLOWED = set(sys.stdlib_module_names) | {"numpy", "checker", "_distutils_hack"}
+ALLOWED = set(sys.stdlib_module_names) | {"numpy", "_distutils_hack"}
+OURS = ("trainguard", "trainguard.checker")  # the package itself, and the checker under it
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
         top = name.split(".")[0]
-        if top not in ALLOWED and not top.startswith("_"):
+        if top == "trainguard":
+            if name not in OURS and not name.startswith("trainguard.checker."):
+                raise ImportError(f"checker imported {name!r}: only numpy and the stdlib may be")
+        elif top not in ALLOWED and not top.startswith("_"):
             raise ImportError(f"checker imported {name!r}: only numpy and the stdlib may be")
         return None
 
 sys.meta_path.insert(0, Refuse())
-import checker
-names = [m.name for m in pkgutil.walk_packages(checker.__path__, "checker.")]
+import trainguard.checker
+names = [m.name for m in pkgutil.walk_packages(trainguard.checker.__path__,
+                                               "trainguard.checker.")]
 for name in names:
     importlib.import_module(name)
-import checker.rules
-from checker.registry import rule_names
+import trainguard.checker.rules
+from trainguard.checker.registry import rule_names
 print(len(names), ",".join(rule_names()))
 """
 

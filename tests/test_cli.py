@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from checker.registry import RULES, rule_names
+from trainguard.checker.registry import RULES, rule_names
 from trainguard.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200"})

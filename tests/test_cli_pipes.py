@@ -53,7 +53,7 @@ def test_check_and_replay_tables_keep_whole_rows_in_a_pipe(tmp_path: Path) -> No
 
 
 def test_rules_table_keeps_whole_rows_in_a_pipe() -> None:
-    from checker.registry import RULES, rule_names
+    from trainguard.checker.registry import RULES, rule_names
 
     out = trainguard("rules").stdout
     for name in rule_names():

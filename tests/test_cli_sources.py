@@ -138,9 +138,9 @@ def test_kubeflow_source_reads_each_jobs_series_from_prometheus(
 
 def test_kubeflow_hook_series_reach_the_jobs(request: pytest.FixtureRequest) -> None:
     """The same composition through the adapter: every listed job carries run a's loss."""
-    from adapters.kubeflow import from_options
-    from adapters.kubeflow.prometheus_hook import PrometheusHook
     from tests.contract.case_prometheus import contract_server
+    from trainguard.adapters.kubeflow import from_options
+    from trainguard.adapters.kubeflow.prometheus_hook import PrometheusHook
 
     server = contract_server(request)
     with recorded_cluster() as k8s:

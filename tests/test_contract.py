@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.base import AdapterError
-from checker.model import JobState
 from tests.contract import ContractCase, load_cases
+from trainguard.adapters.base import AdapterError
+from trainguard.checker.model import JobState
 
 CASES = load_cases()
 

@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.local import load_run
-from lambdas.k8s.cronjob import main
 from tests.k8s_configmap import ConfigMapReplay
 from tests.k8s_replay import RECORDINGS, serve
 from tests.servers import Samples, Server, alertmanager, openmetrics, prometheus, pushgateway
+from trainguard.adapters.local import load_run
+from trainguard.lambdas.k8s.cronjob import main
 
 pytestmark = [pytest.mark.realdata, pytest.mark.slow]
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from adapters.local import load_run
-from adapters.local.emit_format import EMIT_DEFINITIONS, emit_definition
-from checker.evaluate import evaluate
+from trainguard.adapters.local import load_run
+from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS, emit_definition
+from trainguard.checker.evaluate import evaluate
 from trainguard.cli import app
 from trainguard.emit import Emitter, PrometheusSink, sinks_from_env
 from trainguard.policy import default_policy

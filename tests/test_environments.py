@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.environment import (
+from trainguard.stacks.environment import (
     ROOT,
     AwsEnvironment,
     EnvironmentFileError,
@@ -164,7 +164,7 @@ def test_the_app_reports_problems_without_a_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "TRAINGUARD_ENVIRONMENTS": str(tmp_path),
            "CDKTF_OUTDIR": str(tmp_path / "out"),
            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    done = subprocess.run([sys.executable, "-m", "stacks"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "trainguard.stacks"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [

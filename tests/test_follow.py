@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from checker.evaluate import evaluate
-from checker.follow import Followers
-from checker.model import Finding, Job, JobState, LogLine, Series, Severity
-from checker.policy import Policy
-from checker.rules.base import Context, Rule
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.follow import Followers
+from trainguard.checker.model import Finding, Job, JobState, LogLine, Series, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Context, Rule
 
 
 @dataclass
@@ -204,9 +204,9 @@ def test_the_logs_rule_followed_reads_each_line_once_and_finds_the_same(
     """The real ``logs`` rule over a 2,000-line log with failure lines here and there, tick
     by tick: the same findings followed as judged afresh, each line matched once. (The
     signature matcher is wrapped to count its calls; it still does the matching.)"""
-    from checker.rules import logs as logs_rule
-    from checker.rules.logs import Logs
-    from checker.signatures import match as real
+    from trainguard.checker.rules import logs as logs_rule
+    from trainguard.checker.rules.logs import Logs
+    from trainguard.checker.signatures import match as real
 
     calls = 0
 

@@ -10,11 +10,11 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from checker.forecast import Prior, forecast, learn_prior
-from checker.model import Job, Series, Severity
-from checker.policy import Budget, Policy
-from checker.rules.base import Context
-from checker.rules.target import Target
+from trainguard.checker.forecast import Prior, forecast, learn_prior
+from trainguard.checker.model import Job, Series, Severity
+from trainguard.checker.policy import Budget, Policy
+from trainguard.checker.rules.base import Context
+from trainguard.checker.rules.target import Target
 
 
 def power(step: np.ndarray, planned: float, a: float = 2.0, b: float = 1.0,

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checker.model import Clock, Job, JobState, Series
 from trainguard.bench.anchors import ANCHORS, KerasTerminateOnNaN
 from trainguard.bench.inject import INJECTORS, Injected, divergence, inject, pause, spike, stall
+from trainguard.checker.model import Clock, Job, JobState, Series
 
 DT = 30.0  # seconds between steps
 END = 199 * DT
@@ -182,7 +182,7 @@ def test_injectors_refuse_a_run_without_a_loss() -> None:
 
 @pytest.mark.realdata
 def test_injected_faults_on_real_runs(curves_dir: Path) -> None:
-    from adapters.local import load_run
+    from trainguard.adapters.local import load_run
 
     stalled = ANCHORS["debugger_stalled_training"]()
     exploding = ANCHORS["debugger_exploding_tensor"]()
@@ -232,8 +232,8 @@ def _job_for_nanblip() -> Job:
 def test_heartbeat_pause_is_excused_by_trainguard_but_not_by_debugger() -> None:
     """A 35-55 min checkpoint with heartbeats: trainguard's stall reads them and stays
     quiet; Debugger's StalledTrainingRule sees no tensor for 30 min and fires."""
-    from checker import Policy, evaluate
     from trainguard.bench.anchors import DebuggerStalledTraining
+    from trainguard.checker import Policy, evaluate
 
     job = _job_for_nanblip()
     out = inject(job, "heartbeat_pause", seed=1)

@@ -23,32 +23,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from adapters.kubeflow.client import api_client, retry_policy
-from adapters.prometheus import Metrics, client_from_options
-from checker.model import Job, JobState, Severity
-from lambdas.k8s.configmap_state import AUDIT_KEY, ConfigMapStore, data_key
-from lambdas.k8s.cronjob import (
-    BAD_CONFIG,
-    ERRORS,
-    OK,
-    STORE_DOWN,
-    ConfigError,
-    PrometheusHook,
-    load_options,
-    main,
-)
-from lambdas.k8s.sinks import AlertmanagerSink, alert_labels
-from lambdas.state import (
-    AuditAction,
-    AuditRecord,
-    FindingMemory,
-    JobMemory,
-    StateConflict,
-    StateStore,
-    StateStoreError,
-    StopRecord,
-)
-from lambdas.tick import AlarmEvent
 from tests.k8s_configmap import ConfigMapReplay
 from tests.k8s_replay import RECORDINGS, serve
 from tests.servers import alertmanager, free_port
@@ -66,6 +40,32 @@ from tests.test_tick import (  # noqa: F401  (collected here, on the ConfigMap s
     test_real_divergence_rule_stops_a_nan_run,
     test_warning_turning_critical_raises_again_and_persistence_counts_stop_ticks,
 )
+from trainguard.adapters.kubeflow.client import api_client, retry_policy
+from trainguard.adapters.prometheus import Metrics, client_from_options
+from trainguard.checker.model import Job, JobState, Severity
+from trainguard.lambdas.k8s.configmap_state import AUDIT_KEY, ConfigMapStore, data_key
+from trainguard.lambdas.k8s.cronjob import (
+    BAD_CONFIG,
+    ERRORS,
+    OK,
+    STORE_DOWN,
+    ConfigError,
+    PrometheusHook,
+    load_options,
+    main,
+)
+from trainguard.lambdas.k8s.sinks import AlertmanagerSink, alert_labels
+from trainguard.lambdas.state import (
+    AuditAction,
+    AuditRecord,
+    FindingMemory,
+    JobMemory,
+    StateConflict,
+    StateStore,
+    StateStoreError,
+    StopRecord,
+)
+from trainguard.lambdas.tick import AlarmEvent
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_750_010_400.0  # 2025-06-15T18:00:00Z, just after the recorded jobs started
@@ -539,7 +539,7 @@ def test_containerfile_is_ubi9_python_non_root_and_runs_the_cronjob() -> None:
     # lock to pyproject's dependencies)
     assert "--require-hashes" in runs and "-r requirements.txt" in runs
     (entry,) = [a for i, a in steps if i == "ENTRYPOINT"]
-    assert json.loads(entry) == ["python", "-m", "lambdas.k8s"]
+    assert json.loads(entry) == ["python", "-m", "trainguard.lambdas.k8s"]
     module = json.loads(entry)[2]
     import importlib
 

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.base import Adapter, AdapterError
-from adapters.sources import build
-from checker.evaluate import evaluate
-from checker.model import Job, JobState, Series
-from checker.policy import Policy
-from checker.signatures import match
 from tests.contract.case_kubeflow import NOW, adapter_for, recorded_cluster
 from tests.k8s_replay import RECORDINGS, K8sReplay, Reply, status_body
+from trainguard.adapters.base import Adapter, AdapterError
+from trainguard.adapters.sources import build
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.model import Job, JobState, Series
+from trainguard.checker.policy import Policy
+from trainguard.checker.signatures import match
 
 PTJ = "/apis/kubeflow.org/v1/namespaces/{}/pytorchjobs"
 TJ = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{}/trainjobs"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from adapters.local.emit_format import EMIT_DEFINITIONS
+from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
 from trainguard.emit import Emitter
 from trainguard.launch import azureml, kubeflow
 from trainguard.launch import sagemaker as sm

@@ -1,4 +1,5 @@
-"""adapters.local: every format from small files the tests write, as a training script would."""
+"""trainguard.adapters.local: every format from small files the tests write, as a training
+script would."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.local import (
+from trainguard.adapters.local import (
     FORMATS,
     FormatError,
     MetricDefinition,
@@ -21,8 +22,8 @@ from adapters.local import (
     load_run,
     parse_metric_option,
 )
-from adapters.local.base import MAX_LOG_LINES, parse_timestamp
-from checker.model import Job, JobState
+from trainguard.adapters.local.base import MAX_LOG_LINES, parse_timestamp
+from trainguard.checker.model import Job, JobState
 
 
 def write(path: Path, text: str, gz: bool = False) -> Path:
@@ -452,7 +453,7 @@ def test_readers_never_leak_file_handles(tmp_path: Path) -> None:
 
 def test_csv_half_written_last_row_is_skipped_until_complete(tmp_path: Path) -> None:
     """A watched run's CSV may end mid-row; a complete file keeps strictness."""
-    from adapters.local import FormatError, load_run
+    from trainguard.adapters.local import FormatError, load_run
 
     p = tmp_path / "metrics.csv"
     p.write_text("step,loss\n0,2.5\n1,2.4\n2,2.")

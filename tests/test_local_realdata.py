@@ -1,4 +1,4 @@
-"""adapters.local on the real training curves in ../shared/data/curves."""
+"""trainguard.adapters.local on the real training curves in ../shared/data/curves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.local import detect_format, load_run
+from trainguard.adapters.local import detect_format, load_run
 
 pytestmark = pytest.mark.realdata
 

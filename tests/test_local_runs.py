@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from adapters.local import Found, assign_ids, load_runs
-from adapters.local.ids import distinguishing_ids
-from adapters.local.names import role_of
+from trainguard.adapters.local import Found, assign_ids, load_runs
+from trainguard.adapters.local.ids import distinguishing_ids
+from trainguard.adapters.local.names import role_of
 from trainguard.cli import app
 
 runner = CliRunner()
@@ -201,7 +201,7 @@ def test_lightning_versions_of_two_experiments_get_ids_that_tell_them_apart(
 
 
 def test_ids_across_two_mlflow_stores_keep_experiment_and_run(tmp_path: Path) -> None:
-    job = __import__("checker.model", fromlist=["Job"]).Job
+    job = __import__("trainguard.checker.model", fromlist=["Job"]).Job
     found = [Found(tmp_path / "a" / "mlruns", "exp/run", job("1")),
              Found(tmp_path / "b" / "mlruns", "exp/run", job("2")),
              Found(tmp_path / "b" / "mlruns", "exp/other", job("3"))]

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from checker.model import Action, Finding, Job, Severity
-from lambdas.message import SUBJECT_MAX, Message, render
-from lambdas.state import FindingMemory, MemoryStore
-from lambdas.tick import AlarmEvent, tick
 from tests.test_tick import RULES, FakeSource, Sink, make_job, policy
+from trainguard.checker.model import Action, Finding, Job, Severity
+from trainguard.lambdas.message import SUBJECT_MAX, Message, render
+from trainguard.lambdas.state import FindingMemory, MemoryStore
+from trainguard.lambdas.tick import AlarmEvent, tick
 
 URL = "https://console.aws.amazon.com/sagemaker/home?region=eu-west-1#/jobs/bert-big"
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from checker.model import Finding, Job
-from checker.rules.base import Context
-from lambdas.state import AuditAction
-from lambdas.tick import CLOCK_KEY, MAX_ID_CHARS, invalid_job, tick
 from tests.contract.stores import STORES, StoreCase
 from tests.test_tick import RULES, FakeSource, LossAbove, Sink, make_job, policy
+from trainguard.checker.model import Finding, Job
+from trainguard.checker.rules.base import Context
+from trainguard.lambdas.state import AuditAction
+from trainguard.lambdas.tick import CLOCK_KEY, MAX_ID_CHARS, invalid_job, tick
 
 POISONS: dict[str, tuple[Callable[[Job], None], str]] = {
     "tags None": (lambda j: setattr(j, "tags", None), "tags: None"),
@@ -67,8 +67,8 @@ def test_when_evaluate_itself_fails_the_job_at_fault_is_found_and_skipped(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``evaluate`` (account budgets, forecasts) raising on one job of the tick: the tick
     judges the jobs one by one and skips only that one."""
-    import lambdas.tick as tick_module
-    from checker.evaluate import evaluate
+    import trainguard.lambdas.tick as tick_module
+    from trainguard.checker.evaluate import evaluate
 
     def fragile(jobs: list[Job], *args: Any, **kw: Any) -> list[Finding]:
         if any(j.id == "bad" for j in jobs):
@@ -109,6 +109,6 @@ def test_an_id_past_every_stores_key_limit_is_remembered_and_stopped_once(
 
 
 def _memory() -> Any:
-    from lambdas.state import MemoryStore
+    from trainguard.lambdas.state import MemoryStore
 
     return MemoryStore()

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checker.model import Action, Finding, Job, Severity
-from checker.policy import AccountBudget, Policy
-from checker.registry import RULES
-from checker.rules.base import Context, Rule, param
+from trainguard.checker.model import Action, Finding, Job, Severity
+from trainguard.checker.policy import AccountBudget, Policy
+from trainguard.checker.registry import RULES
+from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.policy import (
     PolicyError,
     default_policy,
@@ -298,7 +298,7 @@ def test_example_policies_say_what_they_promise() -> None:
 
 
 def test_every_built_in_rule_accepts_its_own_documented_defaults() -> None:
-    from checker.registry import rule_names
+    from trainguard.checker.registry import rule_names
 
     for name in rule_names():
         rule_cls = RULES[name]

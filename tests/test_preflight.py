@@ -16,8 +16,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from stacks.environment import ROOT, Environment, load_environment
-from stacks.openshift import DCGM
 from tests.contract.case_azureml import Replay, StaticToken, start
 from tests.k8s_replay import K8sReplay, serve
 from tests.test_real_services import REFERENCE
@@ -34,6 +32,8 @@ from trainguard.preflight import (
     k8s_client,
     run,
 )
+from trainguard.stacks.environment import ROOT, Environment, load_environment
+from trainguard.stacks.openshift import DCGM
 
 #: one region per test: moto's state is the process's (the session's shared moto server
 #: holds other tests' data in us-east-1), so each test starts in an empty region

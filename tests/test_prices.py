@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from checker.prices import BOOK, DEFAULT_REGION, gpus_of, lookup, provider_of
+from trainguard.checker.prices import BOOK, DEFAULT_REGION, gpus_of, lookup, provider_of
 
 
 def test_lookup_by_type_and_region() -> None:

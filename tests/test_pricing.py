@@ -23,15 +23,15 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from adapters.pricing import (
+from trainguard.adapters.pricing import (
     PriceCache,
     current_book,
     fetchers,
     live_price,
     refresh_prices,
 )
-from adapters.pricing.aws import filters
-from checker.prices import BOOK
+from trainguard.adapters.pricing.aws import filters
+from trainguard.checker.prices import BOOK
 
 RECORDINGS = Path(__file__).parent / "recordings" / "pricing"
 NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC).timestamp()

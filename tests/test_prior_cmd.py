@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from checker import Job, Series, Severity, evaluate
+from trainguard.checker import Job, Series, Severity, evaluate
 from trainguard.cli import app
 from trainguard.policy import load_policy_text
 

@@ -17,9 +17,11 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from adapters.base import AdapterError
-from adapters.local import load_run
-from adapters.prometheus import (
+from tests.contract.case_prometheus import contract_server
+from tests.servers import Samples, Server, openmetrics, prometheus
+from trainguard.adapters.base import AdapterError
+from trainguard.adapters.local import load_run
+from trainguard.adapters.prometheus import (
     MAX_POINTS,
     Mapping,
     MappingError,
@@ -33,10 +35,8 @@ from adapters.prometheus import (
     series_for,
     step_for,
 )
-from adapters.sources import build
-from checker.model import Job, JobState
-from tests.contract.case_prometheus import contract_server
-from tests.servers import Samples, Server, openmetrics, prometheus
+from trainguard.adapters.sources import build
+from trainguard.checker.model import Job, JobState
 
 # --- mapping ----------------------------------------------------------------------
 

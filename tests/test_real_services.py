@@ -16,19 +16,19 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from adapters.sagemaker import mapping
-from checker.model import JobState
-from checker.signatures import SIGNATURES
-from stacks.aws import budget_notifications
-from stacks.environment import (
+from tests.sagemaker_replay import Recordings, parse
+from trainguard.adapters.sagemaker import mapping
+from trainguard.checker.model import JobState
+from trainguard.checker.signatures import SIGNATURES
+from trainguard.stacks.aws import budget_notifications
+from trainguard.stacks.environment import (
     AzureEnvironment,
     OpenshiftEnvironment,
     Schedule,
     load_environment,
     this_month,
 )
-from stacks.openshift import DCGM, fluentbit_config
-from tests.sagemaker_replay import Recordings, parse
+from trainguard.stacks.openshift import DCGM, fluentbit_config
 
 REFERENCE = Path(__file__).parent / "reference"
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,8 +346,8 @@ def test_an_existing_training_log_group_is_adopted_by_an_import_block() -> None:
 
     from cdktn import TerraformStack, Testing
 
-    from stacks.aws import training_log_group
-    from stacks.environment import TrainingLogGroup
+    from trainguard.stacks.aws import training_log_group
+    from trainguard.stacks.environment import TrainingLogGroup
 
     app = Testing.app()
     synthed = {}

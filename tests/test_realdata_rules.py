@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.local import load_run
-from checker import Job, Severity, evaluate
-from checker.evaluate import build_rules
+from trainguard.adapters.local import load_run
+from trainguard.checker import Job, Severity, evaluate
+from trainguard.checker.evaluate import build_rules
 from trainguard.policy import default_policy
 
 pytestmark = pytest.mark.realdata

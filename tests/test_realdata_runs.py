@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.local import load_run, parse_metric_option
-from checker import Finding, Job, Policy, Series, Severity, evaluate
-from checker.evaluate import build_rules
-from checker.rules.divergence import DivergenceParams
+from trainguard.adapters.local import load_run, parse_metric_option
+from trainguard.checker import Finding, Job, Policy, Series, Severity, evaluate
+from trainguard.checker.evaluate import build_rules
+from trainguard.checker.rules.divergence import DivergenceParams
 
 pytestmark = pytest.mark.realdata
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checker.follow import Followers
-from checker.model import Finding, Job, JobState, Series, Severity
-from checker.policy import Cost, Policy
-from checker.rules.base import Context, Rule, param
+from trainguard.checker.follow import Followers
+from trainguard.checker.model import Finding, Job, JobState, Series, Severity
+from trainguard.checker.policy import Cost, Policy
+from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS, first_record, replay, tick_times
 
 
@@ -175,7 +175,7 @@ def test_a_given_tick_is_honoured_and_its_count_checked_before_any_judging() -> 
 
 def _recheck(job: Job, policy: Policy, tick: float) -> list[tuple[str, float, str, list[float]]]:
     """The replay's histories the slow way: every rule run afresh at every tick."""
-    from checker.evaluate import build_rules, evaluate
+    from trainguard.checker.evaluate import build_rules, evaluate
 
     rules = build_rules(policy)
     first: dict[str, tuple[float, str, list[float]]] = {}
@@ -195,7 +195,7 @@ def _recheck(job: Job, policy: Policy, tick: float) -> list[tuple[str, float, st
 def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
         curves_dir: Path) -> None:
     """On real runs of both corpora, with the default policy."""
-    from adapters.local import load_run
+    from trainguard.adapters.local import load_run
     from trainguard.bench.labels import read_labels
     from trainguard.policy import default_policy
 
@@ -224,7 +224,7 @@ def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
 
 @pytest.mark.parametrize("state", [JobState.RUNNING, JobState.SUCCEEDED, JobState.STOPPING])
 def test_a_cut_is_what_job_until_gives(state: JobState) -> None:
-    from checker.model import LogLine
+    from trainguard.checker.model import LogLine
     from trainguard.replay import Cuts
 
     job = _run(end=300.0)

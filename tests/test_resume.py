@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from checker import cost
-from checker.evaluate import evaluate
-from checker.model import Job, JobState, Series, Severity
-from checker.policy import Policy
+from trainguard.checker import cost
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.model import Job, JobState, Series, Severity
+from trainguard.checker.policy import Policy
 from trainguard.replay import replay
 
 T0 = 1_700_000_000.0
@@ -77,7 +77,7 @@ def test_a_log_file_keeps_the_resume_and_drops_a_late_metric(tmp_path: Path) -> 
     """Read by the real JSON-lines reader, as ``check`` and ``replay`` read it."""
     import json
 
-    from adapters.local import load_run
+    from trainguard.adapters.local import load_run
 
     job = resumed_job()
     lines = [{"step": s, "time": t, "loss": v} for t, s, v in

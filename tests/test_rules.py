@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from checker import (
+from trainguard.checker import (
     AccountBudget,
     Action,
     Budget,
@@ -19,7 +19,7 @@ from checker import (
     Severity,
     evaluate,
 )
-from checker.registry import RULES, rule_names
+from trainguard.checker.registry import RULES, rule_names
 
 T0 = 1_750_000_000.0  # a fixed wall clock: 2025-06-15
 

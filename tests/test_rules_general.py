@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from checker import Job, Policy, Series, Severity, evaluate
-from checker.stats import normal_quantile, t_quantile
+from trainguard.checker import Job, Policy, Series, Severity, evaluate
+from trainguard.checker.stats import normal_quantile, t_quantile
 
 T0 = 1_750_000_000.0
 
@@ -109,7 +109,7 @@ def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None
 
 
 def test_chance_level_names_the_nearest_k_where_the_bands_overlap() -> None:
-    from checker import RuleConfig
+    from trainguard.checker import RuleConfig
 
     steps = np.arange(6.0)
     # ln 10 = 2.303 also lies within ln 9's band (2.197 * 1.05 = 2.307): the run is at
@@ -327,7 +327,7 @@ def test_a_window_in_seconds_or_steps_covers_that_much_of_the_run() -> None:
     loss = np.concatenate([np.linspace(4.4, 4.0, 200), np.full(100, 4.0)])
     loss += np.random.default_rng(7).normal(0, 0.002, 300)
     job = job_of({"loss": (steps, loss)})
-    from checker import RuleConfig
+    from trainguard.checker import RuleConfig
 
     def flat_with(**params: float) -> bool:
         policy = Policy(rules={"plateau": RuleConfig(params=dict(params))})
@@ -360,7 +360,7 @@ def test_a_fine_tune_improving_slowly_near_some_ln_k_is_not_at_chance() -> None:
 # ------------------------------------------------------------- which series a rule reads
 
 def test_series_are_told_apart_by_the_words_in_their_names() -> None:
-    from checker.metrics import is_eval, objective, primary, training_objective
+    from trainguard.checker.metrics import is_eval, objective, primary, training_objective
 
     steps = np.arange(10.0)
     ones = np.ones(10)

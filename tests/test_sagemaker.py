@@ -11,12 +11,6 @@ import numpy as np
 import pytest
 from botocore.stub import Stubber
 
-from adapters.sagemaker import MalformedJob, SageMakerAdapter, from_options, parse_event
-from adapters.sagemaker import metrics as sm_metrics
-from adapters.sagemaker.clients import Clients, make_clients
-from adapters.sagemaker.logs import filter_pattern
-from checker.model import Job, JobState
-from checker.signatures import SIGNATURES
 from tests.sagemaker_replay import (
     NOW,
     REGION,
@@ -34,6 +28,12 @@ from tests.sagemaker_replay import (
     seed_once,
     stop_moto,
 )
+from trainguard.adapters.sagemaker import MalformedJob, SageMakerAdapter, from_options, parse_event
+from trainguard.adapters.sagemaker import metrics as sm_metrics
+from trainguard.adapters.sagemaker.clients import Clients, make_clients
+from trainguard.adapters.sagemaker.logs import filter_pattern
+from trainguard.checker.model import Job, JobState
+from trainguard.checker.signatures import SIGNATURES
 
 T0 = 1_750_000_000.0  # the recordings' CreationTime
 

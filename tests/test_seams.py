@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stacks.environment import (
+from trainguard.stacks.environment import (
     DEFAULT_PROTECT_TAG,
     ROOT,
     EnvironmentFileError,
@@ -113,7 +113,7 @@ def aws_function(stacks: dict[str, Stack]) -> dict[str, Any]:
 
 
 def test_aws_lambda_env_is_what_the_handler_reads(stacks: dict[str, Stack]) -> None:
-    from lambdas.aws.settings import SAGEMAKER_ENV_PREFIX, SERVICE
+    from trainguard.lambdas.aws.settings import SAGEMAKER_ENV_PREFIX, SERVICE
 
     variables: dict[str, str] = aws_function(stacks)["environment"]["variables"]
     reads = aws_reads()
@@ -199,7 +199,7 @@ class RecordingClient:
 
 
 def test_aws_table_ttl_is_the_attribute_the_runtime_writes(stacks: dict[str, Stack]) -> None:
-    from lambdas.aws.dynamodb_state import DynamoDBStore, create_table
+    from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, create_table
 
     (table,) = resources(stacks["aws-dev"], "aws_dynamodb_table").values()
     ttl = table["ttl"]
@@ -225,10 +225,10 @@ def test_aws_table_ttl_is_the_attribute_the_runtime_writes(stacks: dict[str, Sta
 
 def test_aws_alarms_and_dashboard_read_the_metrics_the_lambda_emits(
         stacks: dict[str, Stack]) -> None:
-    from checker.model import Finding, Job, JobState, Severity
-    from lambdas.aws import sinks
-    from stacks import aws
+    from trainguard.checker.model import Finding, Job, JobState, Severity
+    from trainguard.lambdas.aws import sinks
     from trainguard.policy import default_policy
+    from trainguard.stacks import aws
 
     stack, account = stacks["aws-dev"], "111122223333"
     job = Job(id="j", provider="sagemaker", scope=f"{account}/us-east-1",
@@ -282,7 +282,7 @@ AZURE_DEFAULTS = {
 def azure_reads() -> set[str]:
     """``Settings.from_env``'s ``get("NAME")``/``need("NAME")`` (prefixed), and the
     ``%NAME%`` the timer trigger's schedule names (the host reads that one)."""
-    from lambdas.azure.function_app import PREFIX
+    from trainguard.lambdas.azure.function_app import PREFIX
 
     module = tree(AZURE_APP)
     fn = function(module, "from_env", "Settings")
@@ -315,7 +315,7 @@ def test_azure_app_settings_are_what_the_function_reads(stacks: dict[str, Stack]
     assert settings["TRAINGUARD_METRICS_RESOURCE_ID"] == \
         "${azurerm_application_insights.insights.id}"
     assert settings["TRAINGUARD_METRICS_REGION"] == "${azurerm_resource_group.group.location}"
-    from lambdas.azure.function_app import Settings
+    from trainguard.lambdas.azure.function_app import Settings
 
     # The Function accepts the stack's settings as they are (tokens stand for ids).
     parsed = Settings.from_env({**settings, "TRAINGUARD_METRICS_RESOURCE_ID":
@@ -325,10 +325,10 @@ def test_azure_app_settings_are_what_the_function_reads(stacks: dict[str, Stack]
 
 def test_azure_metric_alerts_watch_the_metric_the_function_posts(
         stacks: dict[str, Stack]) -> None:
-    from checker.model import Finding, Severity
-    from lambdas.azure import sinks
-    from lambdas.tick import TickReport
-    from stacks.azure import ALERT_WINDOWS
+    from trainguard.checker.model import Finding, Severity
+    from trainguard.lambdas.azure import sinks
+    from trainguard.lambdas.tick import TickReport
+    from trainguard.stacks.azure import ALERT_WINDOWS
 
     doc = sinks.metric_document(TickReport(
         time=0.0, findings=[Finding("j", "stall", Severity.WARNING, "x")]))
@@ -375,7 +375,7 @@ def test_azure_identity_may_publish_the_metric_and_read_what_the_adapter_reads(
 
 def test_azure_function_package_runs_the_function(stacks: dict[str, Stack], outdir: Path,
                                                   tmp_path: Path) -> None:
-    from stacks import package
+    from trainguard.stacks import package
 
     fn = azure_function(stacks)
     # The app runs from the package blob, read with its identity: no publishing
@@ -463,7 +463,7 @@ def synth_openshift(**update: Any) -> Stack:
 
     from cdktn import Testing
 
-    from stacks.openshift import OpenshiftStack
+    from trainguard.stacks.openshift import OpenshiftStack
 
     env = load_environment(ROOT / "environments" / "openshift-onprem.yaml")
     stack = OpenshiftStack(Testing.app(), dataclasses.replace(env, spec=openshift_spec(
@@ -473,8 +473,8 @@ def synth_openshift(**update: Any) -> Stack:
 
 
 def test_cronjob_env_is_what_the_entry_point_reads(stacks: dict[str, Stack]) -> None:
-    from lambdas.k8s.cronjob import ENV_PREFIX, OPTIONS, load_options
-    from stacks.openshift import cron_env
+    from trainguard.lambdas.k8s.cronjob import ENV_PREFIX, OPTIONS, load_options
+    from trainguard.stacks.openshift import cron_env
 
     env = {e["name"]: e["value"] for e in container(stacks["openshift-onprem"])["env"]}
     variant = cron_env(openshift_spec(state="sqlite", console_url="https://console.example",
@@ -500,7 +500,7 @@ def test_cronjob_runs_the_entry_point(stacks: dict[str, Stack]) -> None:
     command = container(stacks["openshift-onprem"])["command"]
     assert command[:2] == ["python", "-m"]
     main = importlib.import_module(f"{command[2]}.__main__")
-    assert main.main.__module__ == "lambdas.k8s.cronjob"
+    assert main.main.__module__ == "trainguard.lambdas.k8s.cronjob"
     entry = [line for line in (ROOT / "Containerfile").read_text().splitlines()
              if line.startswith("ENTRYPOINT")]
     assert entry and json.loads(entry[0].removeprefix("ENTRYPOINT").strip()) == command
@@ -513,8 +513,8 @@ def job_grants(stack: Stack) -> set[str]:
 
 
 def test_stop_mode_grants_its_own_verb_only(stacks: dict[str, Stack]) -> None:
-    from adapters.kubeflow import from_options
-    from checker.model import Job
+    from trainguard.adapters.kubeflow import from_options
+    from trainguard.checker.model import Job
 
     read = {"get", "list"}  # get: the job read again just before its stop; never watch
     assert job_grants(stacks["openshift-onprem"]) == read | {"patch"}  # suspend, stops on
@@ -531,7 +531,7 @@ def test_stop_mode_grants_its_own_verb_only(stacks: dict[str, Stack]) -> None:
 
 
 def test_sqlite_state_gets_its_volume() -> None:
-    from stacks.openshift import STATE_MOUNT
+    from trainguard.stacks.openshift import STATE_MOUNT
 
     stack = synth_openshift(state="sqlite")
     c = container(stack)
@@ -558,7 +558,7 @@ def heartbeat_names() -> set[str]:
 
 
 def test_watchdog_silent_alert_reads_the_pushed_heartbeat(stacks: dict[str, Stack]) -> None:
-    from stacks.prometheus_rules import HEARTBEAT
+    from trainguard.stacks.prometheus_rules import HEARTBEAT
 
     assert HEARTBEAT in heartbeat_names()
     # without a Pushgateway there is no heartbeat, so no alert on it
@@ -580,7 +580,7 @@ def test_watchdog_silent_alert_reads_the_pushed_heartbeat(stacks: dict[str, Stac
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
 def test_promtool_watchdog_silent_fires_only_when_ticks_stop(tmp_path: Path) -> None:
-    from stacks.prometheus_rules import HEARTBEAT, watchdog_rules
+    from trainguard.stacks.prometheus_rules import HEARTBEAT, watchdog_rules
 
     assert PROMTOOL is not None
     spec = watchdog_rules("onprem", 300)
@@ -634,7 +634,7 @@ policy: {policy}
 
 
 def test_openshift_protect_tag_must_be_a_label_key(tmp_path: Path) -> None:
-    from adapters.kubeflow.adapter import LABEL_PREFIX, TAG_PREFIX
+    from trainguard.adapters.kubeflow.adapter import LABEL_PREFIX, TAG_PREFIX
     from trainguard.policy import default_policy
 
     # the default is the tag the Kubeflow adapter reads from the label trainguard.io/protect
@@ -672,8 +672,8 @@ def test_schedule_interval(schedule: str, minutes: int) -> None:
 
 
 def test_alert_windows_span_a_tick() -> None:
-    from stacks.aws import alarm_period
-    from stacks.azure import alert_window
+    from trainguard.stacks.aws import alarm_period
+    from trainguard.stacks.azure import alert_window
 
     assert alert_window(5) == ("PT5M", "PT5M") and alert_window(10) == ("PT5M", "PT15M")
     assert alert_window(1) == ("PT1M", "PT1M") and alert_window(3000) == ("PT5M", "P1D")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from adapters.kubeflow.kinds import KINDS, STOP_REASON_ANNOTATION
-from stacks import admission
 from tests.k8s_replay import RECORDINGS
+from trainguard.adapters.kubeflow.kinds import KINDS, STOP_REASON_ANNOTATION
+from trainguard.stacks import admission
 
 celpy = pytest.importorskip("celpy", reason="cel-python is not installed (pip install "
                                             "-e .[dev])")
@@ -91,8 +91,8 @@ def test_other_users_are_not_limited(ptj: dict[str, Any]) -> None:
 def test_fluent_bit_runs_by_digest() -> None:
     """The log shipper reads every container's logs on every node: its image, like the
     watchdog's, is pinned by digest (a tag can be moved)."""
-    from stacks.environment import FluentBitOutput
     from tests.test_seams import synth_openshift
+    from trainguard.stacks.environment import FluentBitOutput
 
     digest = "sha256:" + "cd" * 32
     stack = synth_openshift(log_shipping="fluentbit", fluentbit=FluentBitOutput(

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from lambdas.aws.dynamodb_state import DynamoDBStore
-from lambdas.state import AuditAction
 from tests import test_aws_runtime as aws
 from tests.sagemaker_replay import SageMakerServer, put_logs
 from tests.test_aws_runtime import CREDS_ENV, HANDLER, Context, Fleet, Inbox, client, scheduled
+from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore
+from trainguard.lambdas.state import AuditAction
 
 # The AWS runtime tests' moto server, state table and SNS inbox, as they set them up.
 moto_url, table, inbox = aws.moto_url, aws.table, aws.inbox

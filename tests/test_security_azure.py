@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.azureml.mlflow import MlflowError, https_base
+from trainguard.adapters.azureml.mlflow import MlflowError, https_base
 
 PATH = ("/mlflow/v1.0/subscriptions/0/resourceGroups/rg/providers/"
         "Microsoft.MachineLearningServices/workspaces/ws")

@@ -11,9 +11,9 @@ logged a metric.
 
 from __future__ import annotations
 
-from lambdas.state import AuditAction
 from tests import test_azure_runtime as rt
 from tests.test_azure_runtime import BRIGHT, STALL_STOPS, Azure
+from trainguard.lambdas.state import AuditAction
 
 # The Azure runtime tests' fixtures, as they set them up.
 azurite, replay, connection, metrics_api, webhook, azure = (

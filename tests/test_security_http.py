@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from adapters.prometheus import PromClient, PrometheusError, client_from_options
-from checker.model import Finding, Job, Severity
-from lambdas.k8s.sinks import AlertmanagerError, AlertmanagerSink
-from lambdas.state import FindingMemory
-from lambdas.tick import AlarmEvent
+from trainguard.adapters.prometheus import PromClient, PrometheusError, client_from_options
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.lambdas.k8s.sinks import AlertmanagerError, AlertmanagerSink
+from trainguard.lambdas.state import FindingMemory
+from trainguard.lambdas.tick import AlarmEvent
 
 TOKEN = "sa-token-that-can-suspend-jobs"
 

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 
-from lambdas.local import Process
-from lambdas.message import clean
-from lambdas.pidguard import PidHandle, start_time
+from trainguard.lambdas.local import Process
+from trainguard.lambdas.message import clean
+from trainguard.lambdas.pidguard import PidHandle, start_time
 
 
 def sleeper() -> subprocess.Popen[bytes]:
@@ -61,8 +61,8 @@ def test_a_remote_job_id_prints_as_text() -> None:
 
     from rich.console import Console
 
-    from checker.model import Job
     from trainguard import report
+    from trainguard.checker.model import Job
 
     out = io.StringIO()
     run = report.Run(path="sagemaker", fmt="sagemaker",

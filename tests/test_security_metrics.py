@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.kubeflow.prometheus_hook import PrometheusHook
-from adapters.prometheus import Mapping, MappingError, Metrics, PromClient, load_mapping
-from lambdas.k8s.cronjob import main
 from tests.k8s_configmap import ConfigMapReplay
 from tests.k8s_replay import RECORDINGS, serve
 from tests.servers import Samples, Server, openmetrics, prometheus
+from trainguard.adapters.kubeflow.prometheus_hook import PrometheusHook
+from trainguard.adapters.prometheus import Mapping, MappingError, Metrics, PromClient, load_mapping
+from trainguard.lambdas.k8s.cronjob import main
 
 NS, EVIL, JOB = "team-a", "evil", "bert"
 PTJ = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"

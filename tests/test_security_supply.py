@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks import package
+from trainguard.stacks import package
 
 PACKAGES = (package.LambdaPackage(), package.FunctionPackage())
 

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import yaml
 
-from checker.logship import cloudwatch_pattern
-from checker.model import Severity
-from checker.registry import rule_names
-from checker.signatures import SIGNATURES
-from stacks import package
-from stacks.environment import ROOT, load_environment, this_month
-from stacks.prometheus_rules import rule_groups
 from tests.conftest import SAMPLES
+from trainguard.checker.logship import cloudwatch_pattern
+from trainguard.checker.model import Severity
+from trainguard.checker.registry import rule_names
+from trainguard.checker.signatures import SIGNATURES
+from trainguard.stacks import package
+from trainguard.stacks.environment import ROOT, load_environment, this_month
+from trainguard.stacks.prometheus_rules import rule_groups
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def resources(stack: Stack, kind: str) -> dict[str, Any]:
 def test_cdktf_json_runs_this_app() -> None:
     manifest = json.loads((ROOT / "cdktf.json").read_text())
     assert manifest["language"] == "python"
-    assert manifest["app"].endswith("-m stacks")
+    assert manifest["app"].endswith("-m trainguard.stacks")
 
 
 def test_one_stack_per_environment_file(outdir: Path) -> None:
@@ -152,7 +152,7 @@ def test_aws_audit_rows_are_never_updated_or_deleted(stacks: dict[str, Stack]) -
     assert deny["Effect"] == "Deny"
     assert set(deny["Action"]) == {"dynamodb:UpdateItem", "dynamodb:DeleteItem"}
     assert deny["Condition"] == {"ForAnyValue:StringEquals": {"dynamodb:LeadingKeys": ["audit"]}}
-    from lambdas.aws.dynamodb_state import AUDIT
+    from trainguard.lambdas.aws.dynamodb_state import AUDIT
     assert AUDIT == "audit"  # the store's partition key for audit records
 
 
@@ -237,7 +237,7 @@ def test_aws_alarms_budgets_and_log_filter(stacks: dict[str, Stack]) -> None:
 def test_aws_lambda_package_holds_this_commit(stacks: dict[str, Stack], outdir: Path,
                                               tmp_path: Path) -> None:
     (fn,) = resources(stacks["aws-dev"], "aws_lambda_function").values()
-    assert fn["handler"] == "lambdas.aws.handler" and fn["runtime"] == "python3.11"
+    assert fn["handler"] == "trainguard.lambdas.aws.handler" and fn["runtime"] == "python3.11"
     assert fn["reserved_concurrent_executions"] == 1
     zipped = outdir / "stacks" / "aws-dev" / fn["filename"]
     assert zipped.stat().st_size < package.LAMBDA_LIMIT_BYTES

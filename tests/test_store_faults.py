@@ -22,11 +22,17 @@ from typing import Any
 
 import pytest
 
-from checker.model import Action, Job
-from lambdas.state import AuditAction, AuditRecord, JobMemory, StateStore, StateStoreError
-from lambdas.tick import AlarmEvent, tick
 from tests.contract.stores import STORES, StoreCase
 from tests.test_tick import RULES, FakeSource, make_job, policy, set_loss
+from trainguard.checker.model import Action, Job
+from trainguard.lambdas.state import (
+    AuditAction,
+    AuditRecord,
+    JobMemory,
+    StateStore,
+    StateStoreError,
+)
+from trainguard.lambdas.tick import AlarmEvent, tick
 
 T0 = 1_750_000_000.0
 INTERVAL = 60.0
@@ -275,7 +281,7 @@ def test_a_sink_failing_at_each_call_hears_everything_next_tick(
 
 def test_a_flaky_sink_gets_every_raise_and_every_resolve() -> None:
     """The issue's case: a sink failing every other call, ten alarms raised then resolved."""
-    from lambdas.state import MemoryStore
+    from trainguard.lambdas.state import MemoryStore
 
     clock = Clock()
     flaky = RecordingSink("flaky", clock, fail_every=2)
@@ -301,7 +307,7 @@ def test_two_watchers_on_one_sqlite_file_at_once_stop_each_job_once(tmp_path: Pa
     stops) tick at the same moment over 200 bad jobs, ten times over."""
     import threading
 
-    from lambdas.sqlite_state import SQLiteStore
+    from trainguard.lambdas.sqlite_state import SQLiteStore
 
     for trial in range(10):
         path = tmp_path / f"watch-{trial}.sqlite"
@@ -346,7 +352,7 @@ def test_two_watchers_opening_one_new_sqlite_file_at_once_both_open(tmp_path: Pa
     still open the store (it happened under load in CI: one watcher died at start)."""
     import threading
 
-    from lambdas.sqlite_state import SQLiteStore
+    from trainguard.lambdas.sqlite_state import SQLiteStore
 
     for trial in range(20):
         path = tmp_path / f"new-{trial}.sqlite"

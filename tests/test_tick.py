@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from checker.model import Action, Finding, FloatArray, Job, JobState, Series, Severity
-from checker.policy import Policy, RuleConfig, Safety
-from checker.rules.base import Context, Rule, param
-from lambdas.sqlite_state import SQLiteStore
-from lambdas.state import AuditAction, MemoryStore, StateStore, StateStoreError
-from lambdas.tick import AlarmEvent, tick
+from trainguard.checker.model import Action, Finding, FloatArray, Job, JobState, Series, Severity
+from trainguard.checker.policy import Policy, RuleConfig, Safety
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.lambdas.sqlite_state import SQLiteStore
+from trainguard.lambdas.state import AuditAction, MemoryStore, StateStore, StateStoreError
+from trainguard.lambdas.tick import AlarmEvent, tick
 
 
 @dataclass
@@ -358,7 +358,7 @@ def test_jobs_already_stopping_are_not_stopped(store: StateStore) -> None:
 
 
 def test_real_divergence_rule_stops_a_nan_run(store: StateStore) -> None:
-    from checker.rules.divergence import Divergence
+    from trainguard.checker.rules.divergence import Divergence
 
     steps = list(range(40))
     loss = [2.0 - 0.01 * s for s in steps[:36]] + [float("nan")] * 4
@@ -391,7 +391,7 @@ def test_warning_turning_critical_raises_again_and_persistence_counts_stop_ticks
 
 
 def test_a_deployment_without_stop_enabled_runs_any_policy_in_dry_run() -> None:
-    from lambdas.tick import effective_policy
+    from trainguard.lambdas.tick import effective_policy
 
     allows = policy(dry_run=False)
     assert effective_policy(allows, stop_enabled=False).safety.dry_run is True

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from checker.model import Action, Severity
-from checker.policy import Policy, RuleConfig, Safety
-from lambdas.local import watch
-from lambdas.sqlite_state import SQLiteStore
-from lambdas.state import AuditAction
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.policy import Policy, RuleConfig, Safety
+from trainguard.lambdas.local import watch
+from trainguard.lambdas.sqlite_state import SQLiteStore
+from trainguard.lambdas.state import AuditAction
 
 # A training loop in miniature: logs a falling loss with wall-clock times, then either
 # finishes, hangs (alive, silent) or hangs and ignores SIGTERM.
@@ -165,8 +165,8 @@ def test_elapsed_clock_log_is_judged_on_the_wall_clock(tmp_path: Path) -> None:
     import os
     import time as _time
 
-    from adapters.local import load_run
-    from lambdas.local import on_wall_clock
+    from trainguard.adapters.local import load_run
+    from trainguard.lambdas.local import on_wall_clock
 
     log = tmp_path / "run.log"
     log.write_text("".join(f"step:{i}/100 train_loss:{3 - i / 100:.3f} train_time:{i * 500}ms "

@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from checker.model import Action, Severity
-from checker.policy import Policy, RuleConfig, Safety
-from lambdas.local import watch
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.policy import Policy, RuleConfig, Safety
 from trainguard.cli import app
+from trainguard.lambdas.local import watch
 
 runner = CliRunner()
 TICK = 0.5
@@ -163,7 +163,7 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace_period(
 def test_a_process_given_by_pid_is_signalled_alone(tmp_path: Path) -> None:
     """A PID the user gave (not started by the watchdog) may share its group with the
     user's shell: only that process is signalled, never its group."""
-    from lambdas.local import Process
+    from trainguard.lambdas.local import Process
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -213,8 +213,8 @@ def test_a_run_that_went_nan_and_exited_0_is_not_cleared(tmp_path: Path) -> None
 
 
 def test_a_short_silence_is_said_in_seconds() -> None:
-    from checker.evaluate import evaluate
-    from checker.model import Job, Series
+    from trainguard.checker.evaluate import evaluate
+    from trainguard.checker.model import Job, Series
     from trainguard.policy import default_policy
 
     t = 1_717_000_000.0 + np.arange(30.0)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from checker.policy import Policy
-from lambdas.local import watch
+from trainguard.checker.policy import Policy
+from trainguard.lambdas.local import watch
 
 
 def live_mlflow_store(uri: str) -> None:
@@ -82,9 +82,9 @@ def test_a_stop_on_one_run_of_a_store_reaches_the_process_writing_the_store(
     """A real process (``sleep``) stands for the training that writes the store."""
     import subprocess
 
-    from checker import RuleConfig
-    from checker.model import Action, Severity
-    from checker.policy import Safety
+    from trainguard.checker import RuleConfig
+    from trainguard.checker.model import Action, Severity
+    from trainguard.checker.policy import Safety
 
     pytest.importorskip("tensorboard", reason="pip install 'trainguard[formats]'")
     from tests.test_local_runs import tb_run

@@ -26,11 +26,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from checker.evaluate import build_rules, evaluate
-from checker.model import Job, Severity
-from checker.policy import Policy
-from checker.registry import RULES, rule_names
 from trainguard import report
+from trainguard.checker.evaluate import build_rules, evaluate
+from trainguard.checker.model import Job, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.registry import RULES, rule_names
 from trainguard.report import Checked, OutputFormat, Run
 
 app = typer.Typer(
@@ -75,7 +75,7 @@ def fail(message: str) -> NoReturn:
 @contextmanager
 def bad_input() -> Iterator[None]:
     """Turn the errors of reading user input into one line and exit code 2."""
-    from adapters.local.errors import FormatError
+    from trainguard.adapters.local.errors import FormatError
     from trainguard.policy import PolicyError
 
     try:
@@ -99,7 +99,7 @@ def load_policy(path: Path | None) -> Policy:
 
 
 def _definitions(options: list[str] | None) -> list[Any] | None:
-    from adapters.local.definitions import parse_metric_option
+    from trainguard.adapters.local.definitions import parse_metric_option
 
     if not options:
         return None
@@ -113,7 +113,7 @@ def _definitions(options: list[str] | None) -> list[Any] | None:
 
 
 def _recognised(path: Path) -> bool:
-    from adapters.local import FORMATS
+    from trainguard.adapters.local import FORMATS
 
     return any(reader.sniff(path) for reader in FORMATS.values())
 
@@ -147,14 +147,14 @@ def _natural(path: Path) -> list[Any]:
 
 
 def _local_load(path: Path, definitions: list[Any] | None) -> list[Run]:
-    from adapters.local import detect_format, load_runs
+    from trainguard.adapters.local import detect_format, load_runs
 
     fmt = detect_format(path)
     return [Run(str(f.path), fmt, f.job, f.aliases) for f in load_runs(path, definitions, fmt)]
 
 
 def _local_ids(runs: list[Run]) -> None:
-    from adapters.local import Found, assign_ids
+    from trainguard.adapters.local import Found, assign_ids
 
     found = [Found(Path(r.path), r.aliases[-1] if r.aliases else None, r.job) for r in runs]
     assign_ids(found)
@@ -186,9 +186,9 @@ def _apply_overrides(job: Job, price: float | None, gpus: int | None) -> None:
 def cloud_jobs(source: str, opts: list[str], refs: list[str], now: float) -> list[Job]:
     """The running jobs of a provider (or the named ones), with each job the adapter could
     not read reported on stderr."""
-    from adapters.base import AdapterError
-    from adapters.sources import SOURCES as PROVIDERS
-    from adapters.sources import build
+    from trainguard.adapters.base import AdapterError
+    from trainguard.adapters.sources import SOURCES as PROVIDERS
+    from trainguard.adapters.sources import build
 
     if source not in PROVIDERS:
         fail(f"--source {source!r}: unknown source (known: local, "
@@ -525,8 +525,8 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
     Ctrl-C, with a table of every run's outcome. The processes it started end with it:
     their whole process group, SIGTERM then SIGKILL after the grace period.
     """
-    from lambdas.local import Process, end_all, summary_table
-    from lambdas.local import watch as run_watch
+    from trainguard.lambdas.local import Process, end_all, summary_table
+    from trainguard.lambdas.local import watch as run_watch
 
     pol = load_policy(policy)
     state.parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from checker import cost
-from checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker import cost
+from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.replay import ReplayResult, first_record
 
 _COLOUR = {Severity.INFO: "tab:blue", Severity.WARNING: "tab:orange",

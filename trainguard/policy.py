@@ -58,8 +58,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from checker.model import Action, Severity
-from checker.policy import (
+from trainguard.checker.model import Action, Severity
+from trainguard.checker.policy import (
     AccountBudget,
     Budget,
     Cost,
@@ -69,7 +69,7 @@ from checker.policy import (
     Signal,
     Writable,
 )
-from checker.registry import RULES, rule_names
+from trainguard.checker.registry import RULES, rule_names
 
 Loc = tuple[str | int, ...]
 

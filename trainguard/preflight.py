@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stacks.environment import (
+from trainguard.stacks.environment import (
     AwsEnvironment,
     AzureEnvironment,
     Environment,
@@ -315,7 +315,7 @@ def dcgm_exporter(env: Environment, api: Any) -> list[Finding]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from stacks.openshift import DCGM
+    from trainguard.stacks.openshift import DCGM
 
     name = "GPU metrics"
     try:

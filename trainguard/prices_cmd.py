@@ -37,7 +37,7 @@ def show(cache: CacheOpt = None,
          ) -> None:
     """Every price in use: the shipped book with cached live prices over it, each with its
     region, the date it was read and its source."""
-    from adapters.pricing import current_book
+    from trainguard.adapters.pricing import current_book
 
     book = sorted(current_book(cache).items())
     if format is OutputFormat.json:
@@ -77,7 +77,7 @@ def refresh(
     """Fetch live prices (AWS Price List API, Azure Retail Prices API) into the cache. A
     price that cannot be fetched falls back to a stale cache entry, then to the shipped
     book, and the table says which. Exit 1 when nothing at all could be fetched live."""
-    from adapters.pricing import fetchers, refresh_prices
+    from trainguard.adapters.pricing import fetchers, refresh_prices
     from trainguard.cli import fail
 
     pairs: list[tuple[str, str]] | None = None

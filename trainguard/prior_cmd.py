@@ -14,7 +14,7 @@ import numpy as np
 import typer
 import yaml
 
-from checker.forecast import learn_prior
+from trainguard.checker.forecast import learn_prior
 
 
 def prior_learn(
@@ -34,7 +34,7 @@ def prior_learn(
 ) -> None:
     """Learn the curve shape and calibration of a recipe from its finished runs and print
     a policy snippet (rules.target.params) that the target rule reads."""
-    from adapters.local import load_run
+    from trainguard.adapters.local import load_run
     from trainguard.cli import _local_files, bad_input, fail
 
     curves, groups, skipped = [], [], []

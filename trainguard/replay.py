@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from checker import cost
-from checker.evaluate import build_rules, evaluate
-from checker.follow import Changed, Followers
-from checker.model import Finding, FloatArray, Job, JobState, Series, Severity
-from checker.policy import Policy
-from checker.rules.base import Rule
+from trainguard.checker import cost
+from trainguard.checker.evaluate import build_rules, evaluate
+from trainguard.checker.follow import Changed, Followers
+from trainguard.checker.model import Finding, FloatArray, Job, JobState, Series, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Rule
 
 TickUnit = Literal["s", "step"]
 

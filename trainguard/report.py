@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from checker.model import Finding, Job, Severity, verdict
-from lambdas.message import clean
+from trainguard.checker.model import Finding, Job, Severity, verdict
+from trainguard.lambdas.message import clean
 from trainguard.replay import Fire, History, ReplayResult, Savings, first_record
 
 SCHEMA = "trainguard.check/v1"

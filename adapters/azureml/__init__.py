@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.azureml.adapter import UNPARSED, AzureMLAdapter
-from adapters.azureml.logs import StdLogReader
-from adapters.azureml.mapping import MalformedJob
-from adapters.azureml.mlflow import MlflowError, MlflowReader
-from adapters.azureml.states import STATES
+from trainguard.adapters.azureml.adapter import UNPARSED, AzureMLAdapter
+from trainguard.adapters.azureml.logs import StdLogReader
+from trainguard.adapters.azureml.mapping import MalformedJob
+from trainguard.adapters.azureml.mlflow import MlflowError, MlflowReader
+from trainguard.adapters.azureml.states import STATES
 
 _OPTIONS = ("subscription", "resource_group", "workspace", "endpoint", "ca_file", "retries",
             "backoff")

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from adapters.azureml.logs import StdLogReader
-from adapters.azureml.mapping import Fields, fields, heartbeat_line, raw_status
-from adapters.azureml.mlflow import MlflowError, MlflowReader, https_base
-from adapters.azureml.states import STATES
-from adapters.base import Adapter, AdapterError, JobError
-from checker.model import Job, JobState, LogLine, Series
-from checker.prices import gpus_of
+from trainguard.adapters.azureml.logs import StdLogReader
+from trainguard.adapters.azureml.mapping import Fields, fields, heartbeat_line, raw_status
+from trainguard.adapters.azureml.mlflow import MlflowError, MlflowReader, https_base
+from trainguard.adapters.azureml.states import STATES
+from trainguard.adapters.base import Adapter, AdapterError, JobError
+from trainguard.checker.model import Job, JobState, LogLine, Series
+from trainguard.checker.prices import gpus_of
 
 log = logging.getLogger("trainguard.adapters.azureml")
 

@@ -27,9 +27,9 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.rest import HttpRequest
 
-from adapters.azureml.mlflow import ARM_SCOPE, MlflowError
-from checker import signatures
-from checker.model import LogLine
+from trainguard.adapters.azureml.mlflow import ARM_SCOPE, MlflowError
+from trainguard.checker import signatures
+from trainguard.checker.model import LogLine
 
 #: the files azure-ai-ml calls a job's user logs (JobLogPattern.COMMON_RUNTIME_ALL_USER_LOG_PATTERN)
 STD_LOG = re.compile(r"^user_logs/std_log.*\.txt$")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from adapters.azureml.states import NOT_RESPONDING
-from checker.model import LogLine, Series
+from trainguard.adapters.azureml.states import NOT_RESPONDING
+from trainguard.checker.model import LogLine, Series
 
 
 class MalformedJob(ValueError):

@@ -26,7 +26,7 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.rest import HttpRequest
 
-from checker.model import Series
+from trainguard.checker.model import Series
 
 #: The token audience MLflow on Azure ML accepts (Azure Resource Manager).
 ARM_SCOPE = "https://management.azure.com/.default"

@@ -17,7 +17,7 @@ Choices that are not one-to-one:
 
 from __future__ import annotations
 
-from checker.model import JobState
+from trainguard.checker.model import JobState
 
 P, R = JobState.PENDING, JobState.RUNNING
 

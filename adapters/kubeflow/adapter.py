@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from adapters.base import Adapter, AdapterError, JobError
-from adapters.kubeflow.client import Kube, describe
-from adapters.kubeflow.fields import Malformed, Reader
-from adapters.kubeflow.kinds import KINDS, Kind
-from adapters.kubeflow.pods import PodFacts, read_pods
-from checker.model import Job, JobState, Series
-from checker.prices import gpus_of
+from trainguard.adapters.base import Adapter, AdapterError, JobError
+from trainguard.adapters.kubeflow.client import Kube, describe
+from trainguard.adapters.kubeflow.fields import Malformed, Reader
+from trainguard.adapters.kubeflow.kinds import KINDS, Kind
+from trainguard.adapters.kubeflow.pods import PodFacts, read_pods
+from trainguard.checker.model import Job, JobState, Series
+from trainguard.checker.prices import gpus_of
 
 log = logging.getLogger("trainguard.adapters.kubeflow")
 

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from urllib3.util.retry import Retry
 
-from adapters.kubeflow.kinds import Kind
+from trainguard.adapters.kubeflow.kinds import Kind
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 PAGE = 500

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adapters.kubeflow.fields import Reader
-from checker.model import LogLine, Series
+from trainguard.adapters.kubeflow.fields import Reader
+from trainguard.checker.model import LogLine, Series
 
 log = logging.getLogger("trainguard.adapters.kubeflow")
 

@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 from kubernetes import client
 from kubernetes import config as kube_config
 
-from adapters.kubeflow.adapter import KubeflowAdapter
-from adapters.kubeflow.client import Kube, api_client, retry_policy
-from adapters.kubeflow.kinds import KINDS
-from adapters.kubeflow.prometheus_hook import PrometheusHook
+from trainguard.adapters.kubeflow.adapter import KubeflowAdapter
+from trainguard.adapters.kubeflow.client import Kube, api_client, retry_policy
+from trainguard.adapters.kubeflow.kinds import KINDS
+from trainguard.adapters.kubeflow.prometheus_hook import PrometheusHook
 
 _config: Any = kube_config  # its loaders carry no type hints
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -94,7 +94,7 @@ def _prometheus(opts: dict[str, str]) -> PrometheusHook | None:
     """The metrics hook the ``prometheus_*`` options describe, reading live."""
     if not opts.get("prometheus_url"):
         return None
-    from adapters.prometheus import Metrics, client_from_options, load_mapping
+    from trainguard.adapters.prometheus import Metrics, client_from_options, load_mapping
 
     prom = {"url": opts["prometheus_url"], "token_file": opts.get("prometheus_token_file"),
             "ca_file": opts.get("prometheus_ca_file"),

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.kubeflow.fields import Reader
-from adapters.kubeflow.kinds import instance_type_of
-from checker.model import LogLine
+from trainguard.adapters.kubeflow.fields import Reader
+from trainguard.adapters.kubeflow.kinds import instance_type_of
+from trainguard.checker.model import LogLine
 
 
 @dataclass

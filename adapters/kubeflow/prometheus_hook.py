@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from adapters.prometheus import MappingError, Metrics
-from checker.model import Job, Series
+from trainguard.adapters.prometheus import MappingError, Metrics
+from trainguard.checker.model import Job, Series
 
 
 class PrometheusHook:

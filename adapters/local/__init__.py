@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters.local.base import Found, Reader
-from adapters.local.definitions import (
+from trainguard.adapters.local.base import Found, Reader
+from trainguard.adapters.local.definitions import (
     DEFAULT_DEFINITIONS,
     MetricDefinition,
     load_definitions,
     parse_metric_option,
 )
-from adapters.local.errors import FormatError
-from adapters.local.hf import HuggingFaceReader
-from adapters.local.ids import distinguishing_ids, run_parts
-from adapters.local.jsonl import JsonLinesReader
-from adapters.local.mlflow import MlflowReader
-from adapters.local.tabular import CsvReader
-from adapters.local.tensorboard import TensorBoardReader
-from adapters.local.text import TextReader
-from checker.model import Job
+from trainguard.adapters.local.errors import FormatError
+from trainguard.adapters.local.hf import HuggingFaceReader
+from trainguard.adapters.local.ids import distinguishing_ids, run_parts
+from trainguard.adapters.local.jsonl import JsonLinesReader
+from trainguard.adapters.local.mlflow import MlflowReader
+from trainguard.adapters.local.tabular import CsvReader
+from trainguard.adapters.local.tensorboard import TensorBoardReader
+from trainguard.adapters.local.text import TextReader
+from trainguard.checker.model import Job
 
 # The order is the order content sniffing tries them in: the most specific first, and
 # text, which reads anything, last.

@@ -24,10 +24,10 @@ from typing import IO, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from adapters.local.definitions import MetricDefinition
-from adapters.local.names import recognise
-from checker.cost import RESUME_GAP_FACTOR
-from checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.names import recognise
+from trainguard.checker.cost import RESUME_GAP_FACTOR
+from trainguard.checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
 
 NAN = math.nan
 MAX_LOG_LINES = 10_000
@@ -52,7 +52,7 @@ def plain_name(path: Path) -> str:
 @contextmanager
 def open_text(path: Path) -> Iterator[IO[str]]:
     """A text handle on a plain or gzip file; undecodable bytes become U+FFFD."""
-    from adapters.local.errors import FormatError
+    from trainguard.adapters.local.errors import FormatError
 
     try:
         if is_gzip(path):
@@ -290,7 +290,7 @@ class Reader(ABC):
 
     def read(self, path: str | Path, definitions: list[MetricDefinition] | None = None,
              *, run: str | None = None) -> Job:
-        from adapters.local.errors import FormatError
+        from trainguard.adapters.local.errors import FormatError
 
         p = Path(path)
         if not os.path.exists(p):

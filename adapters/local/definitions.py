@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.local.errors import FormatError
+from trainguard.adapters.local.errors import FormatError
 
 # A number as training logs print it, including nan and inf, so a bad value is kept and
 # a word such as "loss: high" never matches.
@@ -147,6 +147,6 @@ def load_definitions(path: str | Path) -> list[MetricDefinition]:
 
 # The lines trainguard.emit writes. Imported here, at the end, because emit_format builds
 # on MetricDefinition above; the package's __init__ always loads this module first.
-from adapters.local.emit_format import EMIT_DEFINITIONS  # noqa: E402
+from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS  # noqa: E402
 
 DEFAULT_DEFINITIONS = (*DEFAULT_DEFINITIONS, *EMIT_DEFINITIONS)

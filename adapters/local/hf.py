@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
-from adapters.local.definitions import MetricDefinition
-from adapters.local.errors import FormatError
-from checker.model import JobState
+from trainguard.adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.errors import FormatError
+from trainguard.checker.model import JobState
 
 # the Trainer's end-of-training summary entry; its presence means train() returned
 _SUMMARY = "train_runtime"

@@ -13,10 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
-from adapters.local.definitions import MetricDefinition
-from adapters.local.errors import FormatError
-from adapters.local.keyed import KeyedRecords, role
+from trainguard.adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.errors import FormatError
+from trainguard.adapters.local.keyed import KeyedRecords, role
 
 _NONFINITE = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.inf,
               "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from adapters.local.base import (
+from trainguard.adapters.local.base import (
     CumulativeTime,
     RunBuilder,
     epoch_seconds,
     looks_like_epoch,
     parse_timestamp,
 )
-from adapters.local.errors import FormatError
+from trainguard.adapters.local.errors import FormatError
 
 STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step"})
 WALL_KEYS = frozenset({"timestamp", "wall_time", "walltime", "_timestamp", "created_at",

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Found, Reader, RunBuilder, open_text
-from adapters.local.definitions import MetricDefinition
-from adapters.local.errors import FormatError
-from checker.model import JobState
+from trainguard.adapters.local.base import Found, Reader, RunBuilder, open_text
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.errors import FormatError
+from trainguard.checker.model import JobState
 
 # the file store writes RunStatus numbers, the SQL store their names
 _STATUS_NAMES = {1: "RUNNING", 2: "SCHEDULED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from checker.model import Job
+from trainguard.checker.model import Job
 
 _SPLIT = re.compile(r"[/_.\-\s]+")
 

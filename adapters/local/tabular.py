@@ -11,10 +11,10 @@ import csv
 import io
 from pathlib import Path
 
-from adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
-from adapters.local.definitions import MetricDefinition
-from adapters.local.errors import FormatError
-from adapters.local.keyed import KeyedRecords, role
+from trainguard.adapters.local.base import Reader, RunBuilder, head, open_text, plain_name
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.errors import FormatError
+from trainguard.adapters.local.keyed import KeyedRecords, role
 
 
 class CsvReader(Reader):

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from adapters.local.base import Found, Reader, RunBuilder, is_gzip, plain_name
-from adapters.local.definitions import MetricDefinition
-from adapters.local.errors import FormatError
+from trainguard.adapters.local.base import Found, Reader, RunBuilder, is_gzip, plain_name
+from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.errors import FormatError
 
 _PREFIX = "events.out.tfevents."
 

@@ -7,9 +7,20 @@ import math
 import re
 from pathlib import Path
 
-from adapters.local.base import CumulativeTime, Reader, RunBuilder, open_text, parse_timestamp
-from adapters.local.definitions import DEFAULT_DEFINITIONS, PLANNED, STEP, MetricDefinition
-from adapters.local.errors import FormatError
+from trainguard.adapters.local.base import (
+    CumulativeTime,
+    Reader,
+    RunBuilder,
+    open_text,
+    parse_timestamp,
+)
+from trainguard.adapters.local.definitions import (
+    DEFAULT_DEFINITIONS,
+    PLANNED,
+    STEP,
+    MetricDefinition,
+)
+from trainguard.adapters.local.errors import FormatError
 
 # An ISO-8601 timestamp at the start of a line, optionally in brackets.
 _TIMESTAMP = re.compile(
@@ -55,8 +66,8 @@ class TextReader(Reader):
         if not (path.is_file() and
                 path.name.removesuffix(".gz").endswith((".log", ".txt", ".out"))):
             return False
-        from adapters.local.jsonl import JsonLinesReader
-        from adapters.local.tabular import CsvReader
+        from trainguard.adapters.local.jsonl import JsonLinesReader
+        from trainguard.adapters.local.tabular import CsvReader
 
         return not (CsvReader().matches_content(path) or JsonLinesReader().matches_content(path))
 

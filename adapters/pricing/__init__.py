@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from adapters.pricing import aws, azure
-from adapters.pricing.cache import DEFAULT_TTL_S, Cached, PriceCache, default_path
-from checker.prices import BOOK, DEFAULT_REGION, GPUS, Price, lookup, provider_of
+from trainguard.adapters.pricing import aws, azure
+from trainguard.adapters.pricing.cache import DEFAULT_TTL_S, Cached, PriceCache, default_path
+from trainguard.checker.prices import BOOK, DEFAULT_REGION, GPUS, Price, lookup, provider_of
 
 log = logging.getLogger("trainguard.pricing")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from checker.prices import GPUS, Price
+from trainguard.checker.prices import GPUS, Price
 
 SERVICE_CODE = "AmazonSageMaker"
 #: The Price List API answers in us-east-1 (and ap-south-1) whatever region is priced.
@@ -65,6 +65,6 @@ def sagemaker_price(client: Any, instance_type: str, region: str, read_on: str) 
                             "not one")
     if gpus is None:
         raise PriceNotFound(f"{instance_type}: GPU count unknown (add it to "
-                            "checker.prices.GPUS)")
+                            "trainguard.checker.prices.GPUS)")
     (usd, source), = found.items()
     return Price(instance_type, usd, gpus[0], gpus[1], region, read_on, source)

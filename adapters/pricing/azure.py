@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from checker.prices import GPUS, Price
+from trainguard.checker.prices import GPUS, Price
 
 log = logging.getLogger("trainguard.pricing")
 
@@ -36,7 +36,7 @@ def azure_price(instance_type: str, region: str, read_on: str, base_url: str = A
     gpus = GPUS.get(instance_type)
     if gpus is None:
         raise PriceNotFound(f"{instance_type}: GPU count unknown (add it to "
-                            "checker.prices.GPUS)")
+                            "trainguard.checker.prices.GPUS)")
     flt = (f"serviceName eq 'Virtual Machines' and armSkuName eq '{instance_type}' and "
            f"armRegionName eq '{region}' and priceType eq 'Consumption'")
     query = urllib.parse.urlencode({"$filter": flt}, quote_via=urllib.parse.quote)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checker.prices import Price
+from trainguard.checker.prices import Price
 
 log = logging.getLogger("trainguard.pricing")
 

@@ -12,17 +12,17 @@ import ssl
 import time
 from pathlib import Path
 
-from adapters.prometheus.adapter import REPORTING, SILENT, PrometheusAdapter
-from adapters.prometheus.client import (
+from trainguard.adapters.prometheus.adapter import REPORTING, SILENT, PrometheusAdapter
+from trainguard.adapters.prometheus.client import (
     MAX_POINTS,
     PromClient,
     PrometheusError,
     RawSeries,
     step_for,
 )
-from adapters.prometheus.mapping import Mapping, MappingError, load_mapping
-from adapters.prometheus.reader import AmbiguousSeries, Metrics, Reading
-from checker.model import Series
+from trainguard.adapters.prometheus.mapping import Mapping, MappingError, load_mapping
+from trainguard.adapters.prometheus.reader import AmbiguousSeries, Metrics, Reading
+from trainguard.checker.model import Series
 
 # Options that override one key of the mapping (``--opt discover=...``).
 _MAPPING_OPTIONS = ("discover", "id_label", "selector", "state", "state_label",

@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterable
 from typing import ClassVar
 
-from adapters.base import Adapter, AdapterError
-from adapters.prometheus.client import PrometheusError
-from adapters.prometheus.reader import Metrics
-from checker.model import Job, JobState
+from trainguard.adapters.base import Adapter, AdapterError
+from trainguard.adapters.prometheus.client import PrometheusError
+from trainguard.adapters.prometheus.reader import Metrics
+from trainguard.checker.model import Job, JobState
 
 #: ``raw_state`` when the mapping has no state metric (or the job wrote none): whether
 #: the job wrote a sample within the mapping's ``recent`` seconds.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.safe_http import opener, require_https
+from trainguard.adapters.safe_http import opener, require_https
 
 log = logging.getLogger("trainguard.adapters.prometheus")
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adapters.prometheus.client import PromClient, RawSeries, step_for
-from adapters.prometheus.mapping import Mapping
-from checker.model import Series
+from trainguard.adapters.prometheus.client import PromClient, RawSeries, step_for
+from trainguard.adapters.prometheus.mapping import Mapping
+from trainguard.checker.model import Series
 
 _FIELD = "tg_field"  # the label that tells a value series from its timestamp series
 

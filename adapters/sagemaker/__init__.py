@@ -7,9 +7,9 @@ across jobs), ``logs`` (CloudWatch Logs failure lines), ``adapter`` (the tick's 
 
 from __future__ import annotations
 
-from adapters.sagemaker.adapter import SageMakerAdapter
-from adapters.sagemaker.clients import RETRY_MODES, make_clients
-from adapters.sagemaker.mapping import MalformedJob, parse_event
+from trainguard.adapters.sagemaker.adapter import SageMakerAdapter
+from trainguard.adapters.sagemaker.clients import RETRY_MODES, make_clients
+from trainguard.adapters.sagemaker.mapping import MalformedJob, parse_event
 
 __all__ = ["MalformedJob", "SageMakerAdapter", "from_options", "make_clients", "parse_event"]
 

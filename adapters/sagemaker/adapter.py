@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from adapters.base import Adapter, JobError
-from adapters.sagemaker import mapping, metrics
-from adapters.sagemaker.clients import Clients
-from adapters.sagemaker.logs import LogTail
-from checker.model import Job, JobState
+from trainguard.adapters.base import Adapter, JobError
+from trainguard.adapters.sagemaker import mapping, metrics
+from trainguard.adapters.sagemaker.clients import Clients
+from trainguard.adapters.sagemaker.logs import LogTail
+from trainguard.checker.model import Job, JobState
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 

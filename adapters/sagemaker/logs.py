@@ -16,9 +16,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from checker.logship import cloudwatch_pattern
-from checker.model import LogLine
-from checker.signatures import match
+from trainguard.checker.logship import cloudwatch_pattern
+from trainguard.checker.model import LogLine
+from trainguard.checker.signatures import match
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from checker.model import Job, JobState
-from checker.prices import gpus_of
+from trainguard.checker.model import Job, JobState
+from trainguard.checker.prices import gpus_of
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 

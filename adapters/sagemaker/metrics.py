@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from checker.model import FloatArray, Job, Series
+from trainguard.checker.model import FloatArray, Job, Series
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 

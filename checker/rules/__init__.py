@@ -1,6 +1,6 @@
 """The built-in rules. Importing this package registers each of them by name."""
 
-from checker.rules import (
+from trainguard.checker.rules import (
     budget,
     divergence,
     logs,

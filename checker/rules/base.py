@@ -12,11 +12,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from checker.model import Finding, Job, JobState
-from checker.policy import Policy
+from trainguard.checker.model import Finding, Job, JobState
+from trainguard.checker.policy import Policy
 
 if TYPE_CHECKING:
-    from checker.follow import Follower
+    from trainguard.checker.follow import Follower
 
 
 def param(default: Any, doc: str) -> Any:
@@ -62,7 +62,7 @@ class Rule(ABC):
         """What judges one job tick after tick (a replay): by default the rule itself,
         re-run only when what it read has changed (``checker.follow``). A rule may return
         a ``Follower`` subclass that keeps incremental state instead."""
-        from checker.follow import Follower
+        from trainguard.checker.follow import Follower
 
         return Follower(self)
 

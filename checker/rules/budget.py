@@ -11,11 +11,11 @@ import calendar
 import time
 from dataclasses import dataclass
 
-from checker import cost
-from checker.model import Finding, Job, Severity
-from checker.policy import AccountBudget, Policy
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
+from trainguard.checker import cost
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.checker.policy import AccountBudget, Policy
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
 
 
 @dataclass

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.metrics import is_eval, loss_like, training_objective
-from checker.metrics import objective as objective_of
-from checker.model import Finding, FloatArray, Job, Series, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.stats import rolling_median3
+from trainguard.checker.metrics import is_eval, loss_like, training_objective
+from trainguard.checker.metrics import objective as objective_of
+from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.stats import rolling_median3
 
 _BLOCK = 16  # points per block for the rolling reference level
 

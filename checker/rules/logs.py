@@ -9,10 +9,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from checker.model import Finding, Job, JobState, LogLine, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.signatures import BY_NAME, match
+from trainguard.checker.model import Finding, Job, JobState, LogLine, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.signatures import BY_NAME, match
 
 
 @dataclass

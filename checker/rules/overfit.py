@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.metrics import get, objective, training_objective
-from checker.model import Finding, Job, Series, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.stats import median, rolling_median3
+from trainguard.checker.metrics import get, objective, training_objective
+from trainguard.checker.model import Finding, Job, Series, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.stats import median, rolling_median3
 
 
 @dataclass

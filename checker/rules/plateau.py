@@ -35,12 +35,18 @@ from typing import Literal
 
 import numpy as np
 
-from checker import cost
-from checker.metrics import accuracy_partner, is_eval, per_epoch, primary, training_objective
-from checker.model import Finding, FloatArray, Job, Series, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.stats import diff_sigma, median, rolling_median3, span_thirds, t_quantile
+from trainguard.checker import cost
+from trainguard.checker.metrics import (
+    accuracy_partner,
+    is_eval,
+    per_epoch,
+    primary,
+    training_objective,
+)
+from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.stats import diff_sigma, median, rolling_median3, span_thirds, t_quantile
 
 
 @dataclass

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.cost import progress
-from checker.model import Finding, Job, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.signatures import match
+from trainguard.checker.cost import progress
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.signatures import match
 
 
 @dataclass

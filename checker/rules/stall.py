@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker.cost import progress, resumes, update_times
-from checker.model import Finding, FloatArray, Job, Series, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.stats import quantile
+from trainguard.checker.cost import progress, resumes, update_times
+from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.stats import quantile
 
 
 @dataclass

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from checker import cost, metrics
-from checker.forecast import Forecast, Prior, forecast
-from checker.model import Finding, Job, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
+from trainguard.checker import cost, metrics
+from trainguard.checker.forecast import Forecast, Prior, forecast
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
 
 
 @dataclass

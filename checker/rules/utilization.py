@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checker import cost
-from checker.model import Finding, Job, Severity
-from checker.registry import register
-from checker.rules.base import Context, Rule, param
-from checker.stats import quantile
+from trainguard.checker import cost
+from trainguard.checker.model import Finding, Job, Severity
+from trainguard.checker.registry import register
+from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.stats import quantile
 
 
 @dataclass

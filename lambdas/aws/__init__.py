@@ -2,6 +2,6 @@
 CloudWatch / SNS sinks. ``handler`` here is the function, so both ``lambdas.aws.handler``
 and ``lambdas.aws.handler.handler`` work as the Lambda's handler setting."""
 
-from lambdas.aws.handler import handler
+from trainguard.lambdas.aws.handler import handler
 
 __all__ = ["handler"]

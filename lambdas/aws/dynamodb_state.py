@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError, fit_key
+from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError, fit_key
 
 JOB, AUDIT, EVENT, LOGS = "job", "audit", "event", "logs"
 AUDIT_TTL_S = 90 * 86400.0

@@ -26,12 +26,12 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyPersistenceLayerError,
 )
 
-from adapters.sagemaker import MalformedJob
-from lambdas.aws.routes import MALFORMED, MalformedEvent, Route, find
-from lambdas.aws.runtime import Runtime, reset, runtime
-from lambdas.aws.settings import PACKAGE_ROOT, SERVICE
-from lambdas.aws.sinks import NAMESPACE
-from lambdas.state import StateStoreError
+from trainguard.adapters.sagemaker import MalformedJob
+from trainguard.lambdas.aws.routes import MALFORMED, MalformedEvent, Route, find
+from trainguard.lambdas.aws.runtime import Runtime, reset, runtime
+from trainguard.lambdas.aws.settings import PACKAGE_ROOT, SERVICE
+from trainguard.lambdas.aws.sinks import NAMESPACE
+from trainguard.lambdas.state import StateStoreError
 
 # ``reset`` and ``PACKAGE_ROOT`` stay importable from here, as before the split.
 __all__ = ["PACKAGE_ROOT", "handler", "reset"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.sagemaker import SageMakerAdapter
-from checker.model import Job, LogLine
-from checker.signatures import BY_NAME
-from lambdas.aws.dynamodb_state import DynamoDBStore, PendingLogs
-from lambdas.state import FindingMemory, JobMemory
-from lambdas.tick import is_protected, job_key
+from trainguard.adapters.sagemaker import SageMakerAdapter
+from trainguard.checker.model import Job, LogLine
+from trainguard.checker.signatures import BY_NAME
+from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, PendingLogs
+from trainguard.lambdas.state import FindingMemory, JobMemory
+from trainguard.lambdas.tick import is_protected, job_key
 
 
 class TickSource:

@@ -12,12 +12,12 @@ from aws_lambda_powertools.utilities.idempotency import (
     IdempotencyConfig,
 )
 
-from adapters.sagemaker import SageMakerAdapter, from_options
-from checker.policy import Policy
-from lambdas.aws.dynamodb_state import DynamoDBStore
-from lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings
-from lambdas.aws.sinks import EmfWriter, SnsAlarmSink
-from lambdas.tick import AlarmSink, effective_policy
+from trainguard.adapters.sagemaker import SageMakerAdapter, from_options
+from trainguard.checker.policy import Policy
+from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore
+from trainguard.lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings
+from trainguard.lambdas.aws.sinks import EmfWriter, SnsAlarmSink
+from trainguard.lambdas.tick import AlarmSink, effective_policy
 from trainguard.policy import load_policy
 
 logger = Logger(service=SERVICE)  # powertools reuses the handler's logger by service name

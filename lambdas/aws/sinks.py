@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from checker import cost
-from checker.model import Finding, Job, JobState, Severity, verdict
-from checker.policy import Policy
-from lambdas.message import render
-from lambdas.tick import AlarmEvent
+from trainguard.checker import cost
+from trainguard.checker.model import Finding, Job, JobState, Severity, verdict
+from trainguard.checker.policy import Policy
+from trainguard.lambdas.message import render
+from trainguard.lambdas.tick import AlarmEvent
 
 log = logging.getLogger("trainguard.aws")
 

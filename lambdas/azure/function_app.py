@@ -43,12 +43,12 @@ from typing import Any
 import azure.functions as func
 from azure.core.credentials import TokenCredential
 
-from adapters.azureml import from_options
-from checker.policy import Policy
-from checker.rules.base import Rule
-from lambdas.azure.sinks import FindingsMetrics, WebhookSink
-from lambdas.azure.table_state import TableStore
-from lambdas.tick import AlarmSink, TickReport, effective_policy, tick
+from trainguard.adapters.azureml import from_options
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Rule
+from trainguard.lambdas.azure.sinks import FindingsMetrics, WebhookSink
+from trainguard.lambdas.azure.table_state import TableStore
+from trainguard.lambdas.tick import AlarmSink, TickReport, effective_policy, tick
 
 log = logging.getLogger("trainguard.azure")
 

@@ -29,9 +29,9 @@ from azure.core.pipeline.policies import (
 )
 from azure.core.rest import HttpRequest
 
-from checker.model import Action, Severity
-from lambdas.message import chat_text, render
-from lambdas.tick import AlarmEvent, TickReport
+from trainguard.checker.model import Action, Severity
+from trainguard.lambdas.message import chat_text, render
+from trainguard.lambdas.tick import AlarmEvent, TickReport
 
 METRIC_NAMESPACE = "trainguard"
 METRIC_NAME = "Findings"

@@ -41,7 +41,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
+from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 JOB, AUDIT = "job", "audit"
 BATCH = 100  # operations per Table transaction (the service's limit)

@@ -1,3 +1,3 @@
 """The Kubernetes / OpenShift runtime: a CronJob running one tick per run
-(``python -m lambdas.k8s``), alarms to Alertmanager, metrics to a Pushgateway, state in
+(``python -m trainguard.lambdas.k8s``), alarms to Alertmanager, metrics to a Pushgateway, state in
 a ConfigMap."""

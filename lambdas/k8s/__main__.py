@@ -1,8 +1,8 @@
-"""``python -m lambdas.k8s``: the CronJob container's entry point."""
+"""``python -m trainguard.lambdas.k8s``: the CronJob container's entry point."""
 
 import sys
 
-from lambdas.k8s.cronjob import main
+from trainguard.lambdas.k8s.cronjob import main
 
 if __name__ == "__main__":
     sys.exit(main())

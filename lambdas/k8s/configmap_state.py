@@ -28,8 +28,8 @@ from typing import Any
 
 from kubernetes import client
 
-from adapters.kubeflow.client import describe
-from lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
+from trainguard.adapters.kubeflow.client import describe
+from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 AUDIT_KEY = "audit.jsonl"
 JOB_PREFIX = "job."

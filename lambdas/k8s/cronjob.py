@@ -1,4 +1,5 @@
-"""The Kubernetes / OpenShift CronJob: one watchdog tick per run, ``python -m lambdas.k8s``.
+"""The Kubernetes / OpenShift CronJob: one watchdog tick per run,
+``python -m trainguard.lambdas.k8s``.
 
 Jobs come from the Kubeflow adapter (PyTorchJob, TrainJob); each job's series come from
 Prometheus through the adapter's ``metrics`` hook; alarms go to Alertmanager, the tick's
@@ -30,17 +31,17 @@ from typing import Any
 import yaml
 from kubernetes.config import ConfigException
 
-from adapters.kubeflow import KubeflowAdapter
-from adapters.kubeflow import from_options as kubeflow_from_options
-from adapters.kubeflow.prometheus_hook import PrometheusHook
-from adapters.prometheus import Metrics, client_from_options, load_mapping
-from checker.model import Severity
-from checker.policy import Policy
-from lambdas.k8s.configmap_state import ConfigMapStore, StateStoreFull
-from lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
-from lambdas.sqlite_state import SQLiteStore
-from lambdas.state import FindingMemory, StateStore, StateStoreError
-from lambdas.tick import (
+from trainguard.adapters.kubeflow import KubeflowAdapter
+from trainguard.adapters.kubeflow import from_options as kubeflow_from_options
+from trainguard.adapters.kubeflow.prometheus_hook import PrometheusHook
+from trainguard.adapters.prometheus import Metrics, client_from_options, load_mapping
+from trainguard.checker.model import Severity
+from trainguard.checker.policy import Policy
+from trainguard.lambdas.k8s.configmap_state import ConfigMapStore, StateStoreFull
+from trainguard.lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
+from trainguard.lambdas.sqlite_state import SQLiteStore
+from trainguard.lambdas.state import FindingMemory, StateStore, StateStoreError
+from trainguard.lambdas.tick import (
     REMIND_EVERY_S,
     AlarmEvent,
     AlarmSink,
@@ -281,7 +282,7 @@ def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lambdas.k8s",
+    parser = argparse.ArgumentParser(prog="python -m trainguard.lambdas.k8s",
                                      description="One trainguard tick over Kubeflow jobs.")
     parser.add_argument("--config", help="a YAML file of options (or TRAINGUARD_CONFIG)")
     parser.add_argument("--now", type=float, help="the tick's time, epoch seconds (replays)")

@@ -28,10 +28,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
-from adapters.safe_http import opener, require_https
-from checker.model import Severity
-from lambdas.message import chat_text, render
-from lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport
+from trainguard.adapters.safe_http import opener, require_https
+from trainguard.checker.model import Severity
+from trainguard.lambdas.message import chat_text, render
+from trainguard.lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport
 
 log = logging.getLogger("trainguard.k8s")
 

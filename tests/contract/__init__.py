@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from adapters.base import Adapter
+from trainguard.adapters.base import Adapter
 
 
 @dataclass

@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from adapters.azureml import AzureMLAdapter, from_options
 from tests.contract import ContractCase, case
+from trainguard.adapters.azureml import AzureMLAdapter, from_options
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings" / "azureml"
 SUBSCRIPTION, GROUP, WORKSPACE = (

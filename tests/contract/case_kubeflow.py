@@ -11,10 +11,10 @@ from contextlib import ExitStack, contextmanager
 import pytest
 from kubernetes import client
 
-from adapters.kubeflow import KubeflowAdapter
-from adapters.kubeflow.client import Kube, api_client, retry_policy
 from tests.contract import ContractCase, case
 from tests.k8s_replay import RECORDINGS, K8sReplay, serve
+from trainguard.adapters.kubeflow import KubeflowAdapter
+from trainguard.adapters.kubeflow.client import Kube, api_client, retry_policy
 
 NOW = 1_750_010_400.0  # 2025-06-15T18:00:00Z, just after the recordings
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.memory import MemoryAdapter
-from checker.model import Job, Series
 from tests.contract import ContractCase, case
+from trainguard.adapters.memory import MemoryAdapter
+from trainguard.checker.model import Job, Series
 
 T0 = 1_750_000_000.0
 

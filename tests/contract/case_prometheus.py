@@ -16,9 +16,9 @@ from contextlib import AbstractContextManager
 import numpy as np
 import pytest
 
-from adapters.prometheus import Mapping, Metrics, PromClient, PrometheusAdapter
 from tests.contract import ContractCase, case
 from tests.servers import Samples, Server, openmetrics, prometheus, shared
+from trainguard.adapters.prometheus import Mapping, Metrics, PromClient, PrometheusAdapter
 
 STEP_S = 30.0
 NS = "ml-team"

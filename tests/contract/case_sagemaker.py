@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.sagemaker import SageMakerAdapter
-from adapters.sagemaker.clients import Clients
 from tests.contract import ContractCase, case
 from tests.sagemaker_replay import (
     NOW,
@@ -20,6 +18,8 @@ from tests.sagemaker_replay import (
     seed_once,
     stop_moto,
 )
+from trainguard.adapters.sagemaker import SageMakerAdapter
+from trainguard.adapters.sagemaker.clients import Clients
 
 
 def seed(url: str) -> None:

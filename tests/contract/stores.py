@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from lambdas.state import MemoryStore, StateStore
 from tests.servers import shared
+from trainguard.lambdas.state import MemoryStore, StateStore
 
 
 @dataclass
@@ -49,7 +49,7 @@ def memory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
 
 @store("sqlite")
 def sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
-    from lambdas.sqlite_state import SQLiteStore
+    from trainguard.lambdas.sqlite_state import SQLiteStore
 
     path = tmp_path / f"state-{uuid.uuid4().hex[:6]}.sqlite"
     opened: list[SQLiteStore] = []
@@ -94,7 +94,7 @@ def dynamodb_client(url: str) -> Any:
 
 @store("dynamodb")
 def dynamodb(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
-    from lambdas.aws.dynamodb_state import DynamoDBStore, create_table
+    from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, create_table
 
     url = shared(request.config, "moto-server", _moto).url
     table = f"state-{uuid.uuid4().hex[:8]}"
@@ -104,8 +104,8 @@ def dynamodb(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
 
 @store("table")
 def table(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
-    from lambdas.azure.table_state import TableStore
     from tests.servers import azurite_connection, azurite_table
+    from trainguard.lambdas.azure.table_state import TableStore
 
     server = shared(request.config, "azurite-table", azurite_table)
     name = f"state{uuid.uuid4().hex[:10]}"
@@ -118,10 +118,10 @@ def table(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
 def configmap(request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
     from kubernetes import client
 
-    from adapters.kubeflow.client import api_client, retry_policy
-    from lambdas.k8s.configmap_state import ConfigMapStore
     from tests.k8s_configmap import ConfigMapReplay
     from tests.k8s_replay import serve
+    from trainguard.adapters.kubeflow.client import api_client, retry_policy
+    from trainguard.lambdas.k8s.configmap_state import ConfigMapStore
 
     stack = contextlib.ExitStack()
     replay = stack.enter_context(serve(ConfigMapReplay()))

@@ -29,9 +29,9 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from checker.cost import NOT_PROGRESS
-from checker.metrics import loss_like
-from checker.model import FloatArray, Job, JobState, Series
+from trainguard.checker.cost import NOT_PROGRESS
+from trainguard.checker.metrics import loss_like
+from trainguard.checker.model import FloatArray, Job, JobState, Series
 
 RuleKind = Literal["divergence", "plateau", "overfit", "stall"]
 

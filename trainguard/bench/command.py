@@ -17,11 +17,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from checker.model import Severity
-from checker.policy import Policy
 from trainguard.bench import harness
 from trainguard.bench.labels import Labelled, LabelsError, read_labels
 from trainguard.bench.tables import dumps, print_tables
+from trainguard.checker.model import Severity
+from trainguard.checker.policy import Policy
 from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS
 from trainguard.report import fit_output
 

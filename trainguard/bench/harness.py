@@ -47,17 +47,17 @@ from typing import Any
 
 import numpy as np
 
-from checker import cost
-from checker.evaluate import build_rules, evaluate
-from checker.follow import Followers
-from checker.metrics import loss_like, primary
-from checker.model import Clock, Finding, Job, JobState, Series, Severity
-from checker.policy import Policy
-from checker.prices import lookup
-from checker.rules.base import Rule
 from trainguard.bench.anchors import ANCHORS, Anchor, KatibMedianStop, RuleKind
 from trainguard.bench.inject import INJECTORS, Injected, inject
 from trainguard.bench.labels import LABELS, NEGATIVE, Labelled
+from trainguard.checker import cost
+from trainguard.checker.evaluate import build_rules, evaluate
+from trainguard.checker.follow import Followers
+from trainguard.checker.metrics import loss_like, primary
+from trainguard.checker.model import Clock, Finding, Job, JobState, Series, Severity
+from trainguard.checker.policy import Policy
+from trainguard.checker.prices import lookup
+from trainguard.checker.rules.base import Rule
 from trainguard.replay import Cuts, check_ticks, record_times, refine, replay
 
 
@@ -400,7 +400,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
 def load(row: Labelled) -> Job:
     """The labelled run as the bench judges it: finished, unless it is labelled stalled
     (a stalled job is still running when its log stops)."""
-    from adapters.local import load_run
+    from trainguard.adapters.local import load_run
 
     try:
         job = load_run(row.path, definitions=list(row.metrics) or None, fmt=row.format,

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from checker.metrics import loss_like
-from checker.model import FloatArray, Job, JobState, LogLine, Series
+from trainguard.checker.metrics import loss_like
+from trainguard.checker.model import FloatArray, Job, JobState, LogLine, Series
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from adapters.local import MetricDefinition
+    from trainguard.adapters.local import MetricDefinition
 
 #: What a detector should conclude. ``healthy`` and ``spiky`` runs end healthy: whatever
 #: a detector does on them is a false alarm; the others name a failure.
@@ -118,7 +118,7 @@ def _bool(text: str) -> bool:
 
 
 def _known_formats() -> list[str]:
-    from adapters.local import FORMATS
+    from trainguard.adapters.local import FORMATS
 
     return sorted(FORMATS)
 
@@ -134,7 +134,7 @@ def parse_metrics(text: str) -> tuple[MetricDefinition, ...]:
 
     A part ends at a ``;`` followed by the next ``NAME=``, so a regex may hold a ``;``
     of its own elsewhere. ``ValueError`` says which part is wrong and why."""
-    from adapters.local import MetricDefinition
+    from trainguard.adapters.local import MetricDefinition
 
     out = []
     for part in _NEXT_DEFINITION.split(text):

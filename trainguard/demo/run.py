@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 import trainguard
-from checker.policy import Policy
-from checker.prices import Price, lookup
-from lambdas.local import WatchResult, watch
+from trainguard.checker.policy import Policy
+from trainguard.checker.prices import Price, lookup
+from trainguard.lambdas.local import WatchResult, watch
 
 # What each run is, and which rule should stop it (None: it must run to the end).
 RUNS: dict[str, tuple[str, str | None]] = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from adapters.local.emit_format import EMIT_DEFINITIONS
+from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
 from trainguard.launch import POLICY_TAG, WATCH_TAG, check_policy_name
 
 MAX_DEFINITIONS = 40  # CreateTrainingJob accepts at most 40 metric definitions

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from lambdas.aws.runtime import Runtime
+from trainguard.lambdas.aws.runtime import Runtime
 
 
 class MalformedEvent(ValueError):

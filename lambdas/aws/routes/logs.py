@@ -16,16 +16,16 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from adapters.sagemaker.mapping import console_url
-from checker.model import Action, Finding, Job, JobState, Severity
-from checker.signatures import Signature, match
-from lambdas.aws.pending import sagemaker_key
-from lambdas.aws.routes.base import MalformedEvent, Route, register
-from lambdas.aws.runtime import Runtime
-from lambdas.aws.settings import SERVICE
-from lambdas.message import PENDING_TICK
-from lambdas.state import FindingMemory
-from lambdas.tick import AlarmEvent
+from trainguard.adapters.sagemaker.mapping import console_url
+from trainguard.checker.model import Action, Finding, Job, JobState, Severity
+from trainguard.checker.signatures import Signature, match
+from trainguard.lambdas.aws.pending import sagemaker_key
+from trainguard.lambdas.aws.routes.base import MalformedEvent, Route, register
+from trainguard.lambdas.aws.runtime import Runtime
+from trainguard.lambdas.aws.settings import SERVICE
+from trainguard.lambdas.message import PENDING_TICK
+from trainguard.lambdas.state import FindingMemory
+from trainguard.lambdas.tick import AlarmEvent
 
 logger = Logger(service=SERVICE)  # the handler's logger: powertools shares it by service
 

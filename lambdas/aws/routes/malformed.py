@@ -10,8 +10,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from lambdas.aws.settings import SERVICE
-from lambdas.aws.sinks import NAMESPACE
+from trainguard.lambdas.aws.settings import SERVICE
+from trainguard.lambdas.aws.sinks import NAMESPACE
 
 # The handler's logger and metric set: powertools shares them by service name.
 logger = Logger(service=SERVICE)

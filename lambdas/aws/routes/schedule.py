@@ -10,13 +10,13 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from adapters.sagemaker import MalformedJob
-from lambdas.aws.pending import SeededStore, TickSource, seeds
-from lambdas.aws.routes.base import Route, register
-from lambdas.aws.runtime import Runtime
-from lambdas.aws.settings import SERVICE
-from lambdas.aws.sinks import NAMESPACE, tick_metrics
-from lambdas.tick import TickReport, tick
+from trainguard.adapters.sagemaker import MalformedJob
+from trainguard.lambdas.aws.pending import SeededStore, TickSource, seeds
+from trainguard.lambdas.aws.routes.base import Route, register
+from trainguard.lambdas.aws.runtime import Runtime
+from trainguard.lambdas.aws.settings import SERVICE
+from trainguard.lambdas.aws.sinks import NAMESPACE, tick_metrics
+from trainguard.lambdas.tick import TickReport, tick
 
 # The handler's logger and metric set: powertools shares them by service name, and the
 # handler's ``log_metrics`` flushes what is added here.

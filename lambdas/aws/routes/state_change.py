@@ -15,12 +15,12 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from adapters.sagemaker.mapping import epoch
-from checker.model import Job
-from lambdas.aws.routes.base import MalformedEvent, Route, register
-from lambdas.aws.runtime import Runtime
-from lambdas.aws.settings import SERVICE
-from lambdas.tick import TickReport, job_key, say, send_outbox
+from trainguard.adapters.sagemaker.mapping import epoch
+from trainguard.checker.model import Job
+from trainguard.lambdas.aws.routes.base import MalformedEvent, Route, register
+from trainguard.lambdas.aws.runtime import Runtime
+from trainguard.lambdas.aws.settings import SERVICE
+from trainguard.lambdas.tick import TickReport, job_key, say, send_outbox
 
 logger = Logger(service=SERVICE)  # the handler's logger: powertools shares it by service
 
