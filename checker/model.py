@@ -128,10 +128,20 @@ class Job:
     planned_steps: int | None = None
     series: dict[str, Series] = field(default_factory=dict)
     logs: list[LogLine] = field(default_factory=list)
+    #: The same metrics per host (SageMaker ``algo-1``, a Kubernetes pod, an Azure ML
+    #: node), beside the job's aggregate in ``series``, which stays what rules read by
+    #: default. Within a host, ``NAME/gpuN`` is GPU N's own series where the source gives
+    #: it (DCGM): ``gpu_util/gpu0``, ``gpu_mem/gpu3``.
+    hosts: dict[str, dict[str, Series]] = field(default_factory=dict)
 
     @property
     def gpu_count(self) -> int:
         return (self.gpus_per_instance or 0) * max(self.instance_count, 1)
+
+    def host_series(self, name: str) -> dict[str, Series]:
+        """Host -> that host's series ``name`` (non-empty ones only)."""
+        return {h: by[name] for h, by in sorted(self.hosts.items())
+                if name in by and len(by[name])}
 
     def last_time(self) -> float | None:
         """The latest time anything was recorded for this job."""
@@ -150,6 +160,7 @@ class Job:
             or self.end_time > t else self.state,
             end_time=self.end_time if self.end_time is not None and self.end_time <= t else None,
             series={k: s.until(t) for k, s in self.series.items()},
+            hosts={h: {k: s.until(t) for k, s in by.items()} for h, by in self.hosts.items()},
             logs=[line for line in self.logs if line.time <= t],
             restart_times=[r for r in self.restart_times if r <= t],
             restarts=sum(1 for r in self.restart_times if r <= t)

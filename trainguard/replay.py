@@ -264,6 +264,9 @@ class Cuts:
             state=state,
             end_time=job.end_time if ended else None,
             series=self._series(t),
+            # per-host series (rarely there) are cut plainly: rules read them seldom
+            hosts={h: {k: s.until(t) for k, s in by.items()} for h, by in job.hosts.items()}
+            if job.hosts else job.hosts,
             logs=logs,
             restart_times=restarts,
             restarts=len(restarts) if job.restart_times else job.restarts,
