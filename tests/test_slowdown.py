@@ -1,0 +1,184 @@
+"""The ``slowdown`` rule on curves built here: a sustained slowdown is found and priced,
+evaluation and checkpoint pauses are not, a straggler host is named, all hosts slowing
+together is said, and a replay (the rule's ``ctx.state``) answers as a fresh judgement."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.checker.evaluate import evaluate
+from trainguard.checker.follow import Followers
+from trainguard.checker.model import Job, Series
+from trainguard.checker.policy import Policy
+from trainguard.checker.rules.base import Context
+from trainguard.checker.rules.slowdown import Slowdown
+
+T0 = 1.7e9
+ONSET, SLOW_FOR = 5400.0, 1200.0  # throughput halved from 1.5 h for 20 minutes
+
+
+def _curve(hours: float = 3.0, every: float = 10.0, steps: float = 50.0, seed: int = 0,
+           slow: tuple[float, float, float] | None = (ONSET, SLOW_FOR, 2.0),
+           pauses: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Update times and steps: one update of ``steps`` steps every ``every`` s (+-10 %);
+    ``slow`` = (from, for, x longer); ``pauses`` = (every, long): an evaluation pause."""
+    rng = np.random.default_rng(seed)
+    t, s, next_pause = [0.0], [0.0], pauses[0] if pauses else np.inf
+    while t[-1] < hours * 3600:
+        dt = every * rng.uniform(0.9, 1.1)
+        if slow and slow[0] <= t[-1] < slow[0] + slow[1]:
+            dt *= slow[2]
+        if t[-1] >= next_pause:
+            dt += pauses[1] if pauses else 0.0
+            next_pause += pauses[0] if pauses else 0.0
+        t.append(t[-1] + dt)
+        s.append(s[-1] + steps)
+    return np.array(t) + T0, np.array(s)
+
+
+def _job(t: np.ndarray, s: np.ndarray, **kw: object) -> Job:
+    return Job(id="job-1", start_time=float(t[0]), hourly_price=32.0,
+               series={"step": Series("step", t, s, s)}, **kw)  # type: ignore[arg-type]
+
+
+def _first_fire(job: Job, rule: Slowdown | None = None) -> tuple[float, object] | None:
+    """The first update time at which the rule fires, replaying tick by tick with one
+    state as a follower does."""
+    rule = rule or Slowdown()
+    state: dict[str, object] = {}
+    times = job.series["step"].time
+    for t in times[2:]:
+        cut = job.until(float(t))
+        found = rule.check(cut, Context(now=float(t), policy=Policy(), jobs=[cut], state=state))
+        if found:
+            return float(t), found[0]
+    return None
+
+
+def test_halved_throughput_is_found_within_15_minutes_and_priced() -> None:
+    t, s = _curve()
+    job = _job(t, s, planned_steps=int(s[-1] * 2))
+    fire = _first_fire(job)
+    assert fire is not None
+    when, f = fire
+    assert 0 < when - (T0 + ONSET) <= 15 * 60
+    assert f.rule == "slowdown" and f.severity.value == "warning"  # type: ignore[attr-defined]
+    ev = f.evidence  # type: ignore[attr-defined]
+    assert 0.4 < ev["ratio"] < 0.6
+    assert ev["extra_hours_to_end"] > 0 and ev["extra_usd"] > 32.0 * ev["extra_hours_to_end"]
+    assert "no per-host data" in f.message  # type: ignore[attr-defined]
+    assert abs(f.started_at - (T0 + ONSET)) <= 120  # type: ignore[attr-defined]
+
+
+def test_finding_clears_once_the_job_is_back_at_speed() -> None:
+    t, s = _curve()
+    job = _job(t, s)
+    rule = Slowdown()
+    during = job.until(T0 + ONSET + SLOW_FOR - 30)
+    after = job.until(T0 + ONSET + SLOW_FOR + 600)
+    assert rule.check(during, Context(now=T0 + ONSET + SLOW_FOR, policy=Policy(), jobs=[]))
+    assert not rule.check(after, Context(now=T0 + ONSET + SLOW_FOR + 600, policy=Policy(),
+                                         jobs=[]))
+
+
+def test_evaluation_and_checkpoint_pauses_are_not_a_slowdown() -> None:
+    # a 4-minute pause every 15 minutes, and a 10-minute checkpoint: short and periodic
+    t, s = _curve(slow=None, pauses=(900.0, 240.0))
+    assert _first_fire(_job(t, s)) is None
+    t, s = _curve(slow=None, pauses=(3600.0, 600.0), seed=3)
+    assert _first_fire(_job(t, s)) is None
+
+
+def test_noisy_healthy_speed_and_slow_logging_are_quiet() -> None:
+    rng = np.random.default_rng(7)
+    t, s = _curve(slow=None, every=60.0)
+    s = np.cumsum(rng.uniform(20, 80, len(s)))  # +-60 % per update, no sustained drop
+    assert _first_fire(_job(t, s)) is None
+
+
+def test_a_slowdown_too_short_to_be_sustained_is_not_found() -> None:
+    t, s = _curve(slow=(ONSET, 300.0, 2.0))
+    assert _first_fire(_job(t, s)) is None
+
+
+def test_a_resume_from_a_checkpoint_is_not_a_slowdown() -> None:
+    t, s = _curve(slow=None)
+    back = len(t) // 2
+    s = s.copy()
+    s[back:] -= 2000.0  # the step goes back: resumed from a checkpoint 40 updates earlier
+    t = t.copy()
+    t[back:] += 900.0  # after 15 minutes down
+    assert _first_fire(_job(t, s)) is None
+
+
+def test_step_clock_has_no_speed() -> None:
+    t, s = _curve()
+    job = _job(t, s)
+    job.clock = "step"
+    assert Slowdown().check(job, Context(now=float(t[-1]), policy=Policy(), jobs=[])) == []
+
+
+def _hosts(t_end: float, straggler: str | None,
+           every: float = 60.0) -> dict[str, dict[str, Series]]:
+    """Four hosts' GPU use: ~90 %; during the slowdown the straggler's GPUs idle (its input
+    stalls) while the others barely move, or (no straggler) all drop together."""
+    rng = np.random.default_rng(1)
+    times = np.arange(T0, t_end, every)
+    out = {}
+    for h in ("algo-1", "algo-2", "algo-3", "algo-4"):
+        v = rng.normal(90, 2, len(times))
+        slow = (times >= T0 + ONSET) & (times < T0 + ONSET + SLOW_FOR)
+        if straggler is None:
+            v[slow] *= 0.5
+        elif h == straggler:
+            v[slow] = rng.normal(30, 3, int(slow.sum()))
+        out[h] = {"gpu_util": Series("gpu_util", times, np.full(len(times), np.nan), v)}
+    return out
+
+
+def test_a_straggler_host_is_named() -> None:
+    t, s = _curve()
+    job = _job(t, s, hosts=_hosts(float(t[-1]), "algo-3"))
+    fire = _first_fire(job)
+    assert fire is not None
+    f = fire[1]
+    assert f.evidence["straggler"] == "algo-3"  # type: ignore[attr-defined]
+    assert "host algo-3 is the straggler" in f.message  # type: ignore[attr-defined]
+
+
+def test_all_hosts_slowing_together_is_said() -> None:
+    t, s = _curve()
+    job = _job(t, s, hosts=_hosts(float(t[-1]), None))
+    fire = _first_fire(job)
+    assert fire is not None
+    f = fire[1]
+    assert "straggler" not in f.evidence  # type: ignore[attr-defined]
+    assert "all 4 hosts slowed together" in f.message  # type: ignore[attr-defined]
+
+
+def test_a_throughput_series_is_used_when_the_job_logs_one() -> None:
+    """A job whose batch grows halves its steps per second while its samples per second
+    hold: the logged ``throughput`` is what is judged."""
+    t, s = _curve()  # the steps slow down ...
+    samples = np.random.default_rng(2).normal(4000, 100, len(t))  # ... samples/s do not
+    job = _job(t, s)
+    job.series["throughput"] = Series("throughput", t, s, samples)
+    assert _first_fire(job) is None
+    samples[(t >= T0 + ONSET) & (t < T0 + ONSET + SLOW_FOR)] /= 2
+    fire = _first_fire(job)
+    assert fire is not None and fire[1].evidence["measured"] == "rate"  # type: ignore[attr-defined]
+
+
+def test_a_replay_answers_as_judging_each_cut_afresh() -> None:
+    """The state kept between ticks (``ctx.state``) changes nothing but the work."""
+    t, s = _curve()
+    job = _job(t, s)
+    policy = Policy()
+    rule = Slowdown()
+    followers = Followers()
+    for now in T0 + np.arange(ONSET - 600, ONSET + 2400, 97.0):
+        cut = job.until(float(now))
+        followed = [f.message for f in evaluate([cut], policy, float(now), rules=[rule],
+                                                followers=followers)]
+        fresh = [f.message for f in evaluate([cut], policy, float(now), rules=[rule])]
+        assert followed == fresh
