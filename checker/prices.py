@@ -47,6 +47,27 @@ GPUS: dict[str, tuple[int, str]] = {
     "Standard_ND96isr_H100_v5": (8, "H100 80GB"),
 }
 
+# GPU memory (GB per GPU) and dense FP16/BF16 tensor TFLOPS per GPU model, from the
+# makers' published specs, for the rightsizing rule (what fits a job's peak, and what
+# keeps up with the compute it uses):
+# * memory: AWS EC2 accelerated-computing instance tables (g5: 24 GiB A10G, g6: 24 GiB
+#   L4, p4d: 40 GB A100, p4de: 80 GB A100, p5: 80 GB H100 per GPU;
+#   https://aws.amazon.com/ec2/instance-types/ and the AWS Batch GPU jobs page) and
+#   Microsoft's GPU VM size pages (NC A100 v4: A100 80GB PCIe; ND A100 v4: A100 40GB;
+#   ND H100 v5: H100 80GB; https://learn.microsoft.com/azure/virtual-machines/sizes/).
+# * compute: NVIDIA datasheets, dense (without sparsity): A100 312 TFLOPS (40 and 80 GB,
+#   SXM and PCIe), H100 SXM 989, L4 121 (242 with sparsity). NVIDIA publishes no sheet for
+#   AWS's A10G; the A10's 125 is used, an upper bound (the A10G's tensor throughput is
+#   lower), so a move to an A10G is only offered when utilisation leaves room to spare.
+GPU_SPECS: dict[str, tuple[float, float]] = {  # model -> (GB per GPU, dense tensor TFLOPS)
+    "A10G": (24.0, 125.0),
+    "L4": (24.0, 121.0),
+    "A100 40GB": (40.0, 312.0),
+    "A100 80GB": (80.0, 312.0),
+    "A100 80GB PCIe": (80.0, 312.0),
+    "H100 80GB": (80.0, 989.0),
+}
+
 # The search for these ran on 2026-11-29 and 2026-11-30 over stored copies of public pages and code;
 # the primary pages (aws.amazon.com/sagemaker/pricing, azure.microsoft.com pricing,
 # the AWS Price List and Azure Retail Prices APIs) could not be fetched live, so every
@@ -161,3 +182,17 @@ def lookup(instance_type: str, region: str | None = None) -> Price | None:
 def gpus_of(instance_type: str) -> int | None:
     known = _GPU_INDEX.get(instance_type.lower())
     return known[0] if known else None
+
+
+def gpu_spec(instance_type: str) -> tuple[int, str, float, float] | None:
+    """(GPUs, model, GB per GPU, dense tensor TFLOPS per GPU) of an instance type."""
+    known = _GPU_INDEX.get(instance_type.lower())
+    if known is None or known[1] not in GPU_SPECS:
+        return None
+    return (known[0], known[1], *GPU_SPECS[known[1]])
+
+
+def priced_in(region: str) -> list[Price]:
+    """Every instance type the book prices in ``region`` (cheapest first)."""
+    return sorted((p for (_, r), p in BOOK.items() if r.lower() == region.lower()),
+                  key=lambda p: (p.usd_per_hour, p.instance_type))

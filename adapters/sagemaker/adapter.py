@@ -151,17 +151,18 @@ class SageMakerAdapter(Adapter):
         queries = [q for d in described for q in metrics.queries_for(
             d.job, d.definitions, d.hosts, now, self.lookback_s, self.period)]
         try:
-            series = metrics.to_series(metrics.fetch(self.clients.cloudwatch, queries, now,
-                                                     self.period))
+            data = metrics.fetch(self.clients.cloudwatch, queries, now, self.period)
+            series, hosts = metrics.to_series(data), metrics.host_series(data)
         except Exception as e:
             self._report_all(described, "metrics", e)
-            series = {}
+            series, hosts = {}, {}
         try:
             self.logs.refresh(now)
         except Exception as e:
             self._report_all(described, "logs", e)
         for d in described:
             d.job.series = series.get(d.job.id, {})
+            d.job.hosts = hosts.get(d.job.id, {})
             d.job.logs = self.logs.of(d.job.id)
 
     def _report_all(self, described: list[Described], what: str, e: Exception) -> None:

@@ -10,7 +10,9 @@ SageMaker publishes, in the namespace ``/aws/sagemaker/TrainingJobs``:
   instance*), ``CPUUtilization`` (0-100 times the vCPUs).
 
 GPU figures are divided by the instance's GPU count, where known, so that ``gpu_util``
-and ``gpu_mem`` read 0-100 like every other source, then averaged across hosts.
+and ``gpu_mem`` read 0-100 like every other source, then averaged across hosts for the
+job's series; each host's own series are kept too (``Job.hosts``, keyed ``algo-N``),
+so that a straggler can be named.
 CloudWatch has no step axis: ``step`` is NaN unless the job defines a metric named
 ``step``, which then is the progress series and gives the other series their steps.
 """
@@ -52,6 +54,7 @@ class Query:
     stat: str
     scale: float  # values are divided by this (GPUs per instance for GPU metrics)
     start: float  # epoch seconds the job needs data from
+    host: str = ""  # ``algo-N`` for an instance metric; "" for the job's own metrics
 
 
 def queries_for(job: Job, definitions: Sequence[str], hosts: int, now: float,
@@ -63,7 +66,7 @@ def queries_for(job: Job, definitions: Sequence[str], hosts: int, now: float,
     for metric, (series, per_gpu) in HOST_METRICS.items():
         scale = float(job.gpus_per_instance) if per_gpu and job.gpus_per_instance else 1.0
         out += [Query(job.id, series, metric, ("Host", f"{job.id}/algo-{h}"), "Average", scale,
-                      start) for h in range(1, max(hosts, 1) + 1)]
+                      start, f"algo-{h}") for h in range(1, max(hosts, 1) + 1)]
     return out
 
 
@@ -140,6 +143,22 @@ def to_series(data: dict[Query, tuple[list[float], list[float]]]) -> dict[str, d
             series[name] = Series(name, t, _steps_at(t, step), v)
         out[job] = series
     return out
+
+
+def host_series(data: dict[Query, tuple[list[float], list[float]]],
+                ) -> dict[str, dict[str, dict[str, Series]]]:
+    """job -> host (``algo-N``) -> series name -> that host's own Series."""
+    steps = {q.job: tv for q, tv in data.items() if q.series == "step" and not q.host}
+    out: dict[str, dict[str, dict[str, Series]]] = defaultdict(dict)
+    for q, (times, values) in data.items():
+        if not q.host or not times:
+            continue
+        order = np.argsort(np.asarray(times, dtype=float), kind="stable")
+        t = np.asarray(times, dtype=float)[order]
+        v = np.asarray(values, dtype=float)[order]
+        out[q.job].setdefault(q.host, {})[q.series] = Series(q.series, t,
+                                                             _steps_at(t, steps.get(q.job)), v)
+    return dict(out)
 
 
 def _steps_at(times: FloatArray, step: tuple[list[float], list[float]] | None) -> FloatArray:
