@@ -16,6 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from trainguard.lambdas.plugins import stores
 from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 _SCHEMA = """
@@ -45,6 +46,7 @@ _OPEN_ATTEMPTS = 50  # tries to switch a new file to WAL while another opens it
 _RID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS audit_log_rid ON audit_log (rid)"
 
 
+@stores.register("sqlite")
 class SQLiteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

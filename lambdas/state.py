@@ -5,7 +5,7 @@ DynamoDB item, an Azure Table entity or a ConfigMap key holds it as one string) 
 append-only audit log of every action. ``MemoryStore`` keeps them in a dict; the other
 stores (``lambdas.sqlite_state`` and the cloud ones) implement the same ``StateStore``.
 
-Two rules every store keeps (the contract suite, tests/test_store_faults.py, holds them):
+Two rules every store keeps (the contract suite, tests/test_store_contract.py, holds them):
 
 * optimistic concurrency: ``save`` and ``delete`` write a memory only if nobody changed
   it since this store object read it (a version, an ETag, a resourceVersion); otherwise
@@ -23,6 +23,8 @@ import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+from trainguard.lambdas.plugins import stores
 
 
 class StateStoreError(RuntimeError):
@@ -214,6 +216,7 @@ class StateStore(Protocol):
         ...
 
 
+@stores.register("memory")
 class MemoryStore:
     """A ``StateStore`` in a dict, for one process. Round-trips through JSON like the others.
     ``MemoryStore(shared=other)`` is a second view of ``other``'s data, with its own

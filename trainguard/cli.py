@@ -187,12 +187,8 @@ def cloud_jobs(source: str, opts: list[str], refs: list[str], now: float) -> lis
     """The running jobs of a provider (or the named ones), with each job the adapter could
     not read reported on stderr."""
     from trainguard.adapters.base import AdapterError
-    from trainguard.adapters.sources import SOURCES as PROVIDERS
     from trainguard.adapters.sources import build
 
-    if source not in PROVIDERS:
-        fail(f"--source {source!r}: unknown source (known: local, "
-             f"{', '.join(sorted(PROVIDERS))})")
     pairs = {}
     for o in opts:
         key, eq, value = o.partition("=")

@@ -1,18 +1,9 @@
-"""The built-in rules. Importing this package registers each of them by name."""
+"""The built-in rules: every module of this package (``base`` aside) defines rules and
+registers them with ``@register``. Importing the package imports each module, so a new
+rule file is picked up with no list to edit (``checker.registry.rules`` walks it too)."""
 
-from trainguard.checker.rules import (
-    budget,
-    divergence,
-    logs,
-    overfit,
-    plateau,
-    restarts,
-    stall,
-    target,
-    utilization,
-)
+import importlib
+import pkgutil
 
-__all__ = [
-    "budget", "divergence", "logs", "overfit", "plateau", "restarts", "stall", "target",
-    "utilization",
-]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from trainguard.lambdas.plugins import stores
 from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError, fit_key
 
 JOB, AUDIT, EVENT, LOGS = "job", "audit", "event", "logs"
@@ -71,6 +72,7 @@ def _conditional_failed(e: Exception) -> bool:
         "ConditionalCheckFailedException", "TransactionCanceledException")
 
 
+@stores.register("dynamodb")
 class DynamoDBStore:
     """A ``StateStore`` on DynamoDB. ``client`` is a boto3 DynamoDB client."""
 

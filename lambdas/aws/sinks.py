@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from trainguard.checker import cost
 from trainguard.checker.model import Finding, Job, JobState, Severity, verdict
 from trainguard.checker.policy import Policy
+from trainguard.lambdas import plugins
 from trainguard.lambdas.message import render
 from trainguard.lambdas.tick import AlarmEvent
 
@@ -96,6 +97,7 @@ class EmfWriter:
                     metric.add_dimension(name=name, value=value)
 
 
+@plugins.sinks.register("cloudwatch")
 class PutMetricDataWriter:
     """The same metrics through PutMetricData, for a watchdog outside Lambda."""
 
@@ -124,6 +126,7 @@ def wants_message(event: AlarmEvent) -> bool:
     return False
 
 
+@plugins.sinks.register("sns")
 class SnsAlarmSink:
     """An ``AlarmSink`` publishing ``lambdas.message`` text to an SNS topic."""
 

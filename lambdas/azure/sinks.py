@@ -30,6 +30,7 @@ from azure.core.pipeline.policies import (
 from azure.core.rest import HttpRequest
 
 from trainguard.checker.model import Action, Severity
+from trainguard.lambdas import plugins
 from trainguard.lambdas.message import chat_text, render
 from trainguard.lambdas.tick import AlarmEvent, TickReport
 
@@ -80,6 +81,7 @@ def metric_document(report: TickReport) -> dict[str, Any] | None:
         "dimNames": list(DIMENSIONS), "series": series}}}
 
 
+@plugins.sinks.register("azure_metrics")
 class FindingsMetrics:
     """Publishes a tick's findings as the ``trainguard/Findings`` custom metric."""
 
@@ -109,6 +111,7 @@ class FindingsMetrics:
         return body
 
 
+@plugins.sinks.register("webhook")
 class WebhookSink:
     """Posts alarm events to a webhook: ``text`` (the readable message), ``subject``,
     ``fields`` and the raw ``event``."""

@@ -41,6 +41,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
+from trainguard.lambdas.plugins import stores
 from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 JOB, AUDIT = "job", "audit"
@@ -64,6 +65,7 @@ def row_key(job_key: str) -> str:
     return f"{escaped[:KEY_MAX - len(digest) - 1]}~{digest}"
 
 
+@stores.register("table")
 class TableStore:
     """A ``StateStore`` on one Azure Table. Build it with ``from_connection_string``
     (Azurite, local runs) or ``from_table_url`` (a managed identity in Azure)."""

@@ -29,6 +29,7 @@ from typing import Any
 from kubernetes import client
 
 from trainguard.adapters.kubeflow.client import describe
+from trainguard.lambdas.plugins import stores
 from trainguard.lambdas.state import AuditRecord, JobMemory, StateConflict, StateStoreError
 
 AUDIT_KEY = "audit.jsonl"
@@ -50,6 +51,7 @@ def data_key(job_key: str) -> str:
     return f"{JOB_PREFIX}{_UNSAFE.sub('_', job_key)[:200]}.{digest}"
 
 
+@stores.register("configmap")
 class ConfigMapStore:
     def __init__(self, core: client.CoreV1Api, namespace: str, name: str,
                  audit_keep: int = 500, attempts: int = 5) -> None:
@@ -58,6 +60,9 @@ class ConfigMapStore:
         self.audit_keep = audit_keep
         self.attempts = attempts
         self._obj: dict[str, Any] | None = None  # the ConfigMap as last read or written
+        # each job memory's text as this view last read or wrote it: a write of it goes
+        # through only while the ConfigMap still holds exactly that (compare-and-set)
+        self._seen: dict[str, str] = {}
 
     @classmethod
     def from_ref(cls, core: client.CoreV1Api, ref: str, **kw: Any) -> ConfigMapStore:
@@ -92,6 +97,7 @@ class ConfigMapStore:
 
     def load_all(self) -> dict[str, JobMemory]:
         data = self._read()  # always fresh: the resourceVersion every write builds on
+        self._seen = {k: v for k, v in data.items() if k.startswith(JOB_PREFIX)}
         out = {}
         for key, text in data.items():
             if not key.startswith(JOB_PREFIX):
@@ -119,18 +125,21 @@ class ConfigMapStore:
         if not memories:
             return
         ours = {data_key(m.job_key): m for m in memories}
+        texts = {k: m.to_json() for k, m in ours.items()}
 
         def change(data: dict[str, str]) -> None:
-            data.update({k: m.to_json() for k, m in ours.items()})
+            data.update(texts)
 
         self._write("save job memory", change, self._check(ours))
+        self._seen.update(texts)
 
-    def _check(self, ours: dict[str, Any]) -> Callable[[dict[str, str], dict[str, str]], None]:
-        """After a 409: fail if the other writer changed any job memory this write
-        carries (it decided about the same job); other keys are merged."""
-        def check(before: dict[str, str], fresh: dict[str, str]) -> None:
+    def _check(self, ours: dict[str, Any]) -> Callable[[dict[str, str]], None]:
+        """Fail if a job memory this write carries is not as this view read it (another
+        watchdog decided about the same job meanwhile); other keys are merged. Run on
+        the data each attempt builds on, so on the fresh data after a 409 too."""
+        def check(current: dict[str, str]) -> None:
             for key, m in ours.items():
-                if fresh.get(key) != before.get(key):
+                if current.get(key) != self._seen.get(key):
                     who = m.job_key if isinstance(m, JobMemory) else m
                     raise StateConflict(
                         f"{self.where}: another watchdog changed the memory of {who} "
@@ -147,6 +156,8 @@ class ConfigMapStore:
 
         if job_keys:
             self._write("delete job memory", change, self._check(keys))
+            for k in keys:
+                self._seen.pop(k, None)
 
     def append_audit(self, records: list[AuditRecord]) -> None:
         lines = {r.id: json.dumps(r.to_dict(), sort_keys=True) for r in records}
@@ -161,10 +172,12 @@ class ConfigMapStore:
             self._write("append to the audit log", change)
 
     def _write(self, what: str, change: Callable[[dict[str, str]], None],
-               check: Callable[[dict[str, str], dict[str, str]], None] | None = None) -> None:
+               check: Callable[[dict[str, str]], None] | None = None) -> None:
         before = self._data()
         for _ in range(self.attempts):
             assert self._obj is not None
+            if check is not None:
+                check(before)
             data = dict(before)
             change(data)
             size = sum(len(k) + len(v.encode()) for k, v in data.items())
@@ -183,10 +196,7 @@ class ConfigMapStore:
             except client.ApiException as e:
                 if e.status != 409:
                     raise StateStoreError(f"{self.where}: cannot {what}: {describe(e)}") from e
-                fresh = self._read()
-                if check is not None:
-                    check(before, fresh)
-                before = fresh
+                before = self._read()  # checked again at the top of the loop
                 continue
             except Exception as e:
                 raise StateStoreError(

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
 from trainguard.adapters.safe_http import opener, require_https
 from trainguard.checker.model import Severity
+from trainguard.lambdas import plugins
 from trainguard.lambdas.message import chat_text, render
 from trainguard.lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport
 
@@ -76,6 +77,7 @@ def alert_labels(event: AlarmEvent, severity: str | None = None,
     return labels
 
 
+@plugins.sinks.register("alertmanager")
 class AlertmanagerSink:
     def __init__(self, url: str, dry_run: bool, expire_after_s: float = REMIND_EVERY_S + GRACE_S,
                  labels: dict[str, str] | None = None, timeout: float = 10.0,
@@ -206,3 +208,16 @@ def push_tick_metrics(gateway: str, report: TickReport, seconds: float, finished
                         grouping_key=grouping or {}, timeout=timeout)
     except Exception as e:
         raise PushError(f"Pushgateway {gateway}: {type(e).__name__}: {e}") from e
+
+
+@plugins.sinks.register("pushgateway")
+class PushgatewaySink:
+    """The tick's own metrics to a Pushgateway (``push_tick_metrics``), each tick's push
+    replacing the last: what resolved is gone from the next push."""
+
+    def __init__(self, url: str, grouping: dict[str, str] | None = None,
+                 timeout: float = 10.0) -> None:
+        self.url, self.grouping, self.timeout = url, dict(grouping or {}), timeout
+
+    def publish(self, report: TickReport, seconds: float, finished: float) -> None:
+        push_tick_metrics(self.url, report, seconds, finished, self.grouping, self.timeout)

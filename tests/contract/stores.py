@@ -1,6 +1,9 @@
 """The state-store contract: one factory per store, each opening views onto one fresh,
-empty backend. ``tests/test_store_faults.py`` holds every store to the same behaviour
-under injected faults and overlapping ticks.
+empty backend. ``tests/test_store_contract.py`` holds every store to the same behaviour
+(compare-and-set, idempotent audit, the tick's safety under injected faults and
+overlapping ticks). The stores it runs on are those of the store registry
+(``trainguard.lambdas.plugins.stores``): a registered store with no factory here fails
+the suite, it is never skipped.
 
 Backends: memory and SQLite in-process; DynamoDB on moto in server mode over HTTP;
 Azure Table Storage on Azurite; the ConfigMap on the recorded API server
@@ -31,6 +34,20 @@ class StoreCase:
 
 Factory = Callable[[pytest.FixtureRequest, Path], StoreCase]
 STORES: dict[str, Factory] = {}
+
+
+def store_names() -> list[str]:
+    """Every store the runtimes can pick: the registry's names, not this module's."""
+    from trainguard.lambdas.plugins import stores
+
+    return stores.names()
+
+
+def open_case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
+    if name not in STORES:
+        pytest.fail(f"state store {name!r} is registered but has no contract case: add a "
+                    f"factory with @store({name!r}) in tests/contract/stores.py")
+    return STORES[name](request, tmp_path)
 
 
 def store(name: str) -> Callable[[Factory], Factory]:

@@ -1,7 +1,15 @@
-"""The fault suite: the shared tick on every state store (``tests/contract/stores.py``:
-memory, SQLite, DynamoDB on moto, Table Storage on Azurite, the ConfigMap on its recorded
-API server), with a failure injected at every store call in turn, with a second tick
-overlapping the first at every store call, and with a sink failing at every call.
+"""The store contract: every state store the runtimes can pick (the store registry,
+``trainguard.lambdas.plugins.stores``: memory, SQLite, DynamoDB on moto in server mode,
+Table Storage on Azurite, the ConfigMap on its recorded API server; the cases are in
+``tests/contract/stores.py``) passes the same tests:
+
+* the store itself: a memory round-trips whole, compare-and-set refuses a write (or a
+  delete) over a memory another view changed, and writes nothing of that call; an audit
+  record appended twice is logged once;
+* the tick on it: the stop intent is in the store before the stop is made; a failure
+  injected at every store call in turn (before the call, and after it succeeded), a
+  second tick overlapping the first at every store call, a sink failing at every call,
+  and a process dying between the intent and the stop.
 
 Over every single fault the bar is: no job stopped twice, no stop lost, no alarm or
 resolve lost, no stop unaudited (and none audited twice), each arriving at the latest
@@ -9,7 +17,8 @@ one tick after it would have without the fault.
 
 ``FakeSource`` (tests/test_tick.py) stands in for the provider: it is the boundary here
 (each adapter's own stop is tested against its service's recorded API elsewhere). It
-reports a stopped job as STOPPING on the next listing, as every provider does.
+reports a stopped job as STOPPING on the next listing, as every provider does. The
+ConfigMap's API server is a recording (no Kubernetes API server can run here).
 """
 
 from __future__ import annotations
@@ -22,13 +31,14 @@ from typing import Any
 
 import pytest
 
-from tests.contract.stores import STORES, StoreCase
+from tests.contract.stores import STORES, StoreCase, open_case, store_names
 from tests.test_tick import RULES, FakeSource, make_job, policy, set_loss
 from trainguard.checker.model import Action, Job
 from trainguard.lambdas.state import (
     AuditAction,
     AuditRecord,
     JobMemory,
+    StateConflict,
     StateStore,
     StateStoreError,
 )
@@ -43,10 +53,15 @@ SINKS = ("pager", "chat")
 Key = tuple[str, str, str]  # job id, alarm kind, rule
 
 
-@pytest.fixture(params=sorted(STORES))
+@pytest.fixture(params=store_names())
 def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], StoreCase]:
     """A new, empty backend of the store on each call."""
-    return lambda: STORES[request.param](request, tmp_path)
+    return lambda: open_case(request.param, request, tmp_path)
+
+
+def test_every_registered_store_has_a_case_and_every_case_a_store() -> None:
+    assert store_names() == sorted(STORES)
+    assert {"memory", "sqlite", "dynamodb", "table", "configmap"} <= set(store_names())
 
 
 @dataclass
@@ -373,3 +388,130 @@ def test_two_watchers_opening_one_new_sqlite_file_at_once_both_open(tmp_path: Pa
         for th in threads:
             th.join(timeout=120)
         assert errors == [], f"trial {trial}: {errors}"
+
+
+# --- the store itself ------------------------------------------------------------------
+
+
+def _memory(key: str, t: float = T0) -> JobMemory:
+    """A memory with every part filled in: findings, a stop intent, alarms and records
+    still to say and log."""
+    from trainguard.lambdas.state import FindingMemory, PendingAlarm, StopRecord
+
+    fm = FindingMemory(f"{key}/loss_above", "loss_above", "critical", "loss 500 > 10 ✓",
+                       t - 60, t, consecutive=2, stop_ticks=2, alarmed_at=t,
+                       alarmed_severity="critical", last_decision="stop: persisted")
+    record = AuditRecord(t, key, key.rsplit(":", 1)[-1], "fake", fm.key, fm.rule, "critical",
+                         AuditAction.STOP, "loss 500 > 10", False)
+    return JobMemory(key, "fake", key.rsplit(":", 1)[-1], t, findings={fm.key: fm},
+                     stop=StopRecord(fm.key, "loss 500 > 10", t, attempts=1, attempt_at=t),
+                     outbox=[PendingAlarm("raise", key, t, t - 60, 2, fm, sent=["pager"])],
+                     audit_outbox=[record])
+
+
+def test_a_memory_round_trips_whole(fresh: Callable[[], StoreCase]) -> None:
+    """Read back through another view (another process): a long key too."""
+    case = fresh()
+    memories = [_memory("fake:fake:acct:a"), _memory("fake:fake:acct:" + "b" * 600)]
+    case.open().save(memories)
+    loaded = case.open().load_all()
+    assert {k: m.to_dict() for k, m in loaded.items()} == {
+        m.job_key: m.to_dict() for m in memories}
+
+
+def test_compare_and_set_refuses_a_write_over_a_changed_memory(
+        fresh: Callable[[], StoreCase]) -> None:
+    """Two views (two ticks) read the same memories; the first writes one; the second's
+    write of it, with another memory in the same call, is refused whole; so is its delete
+    and its write of a memory the first created since. Read again, it may write."""
+    case = fresh()
+    first, second = case.open(), case.open()
+    a, b = _memory("fake:fake:acct:a"), _memory("fake:fake:acct:b")
+    first.load_all()
+    first.save([a, b])
+    second.load_all()
+    first.load_all()
+    a.last_seen = T0 + 60
+    first.save([a])
+    stale_a, new_c = _memory("fake:fake:acct:a", T0 + 120), _memory("fake:fake:acct:c")
+    with pytest.raises(StateConflict):
+        second.save([new_c, stale_a])
+    with pytest.raises(StateConflict):
+        second.delete(["fake:fake:acct:a"])
+    check = case.open().load_all()
+    assert set(check) == {"fake:fake:acct:a", "fake:fake:acct:b"}  # nothing of either call
+    assert check["fake:fake:acct:a"].last_seen == T0 + 60
+    first.save([new_c])  # created by the first: the second never read it
+    with pytest.raises(StateConflict):
+        second.save([_memory("fake:fake:acct:c", T0 + 180)])
+    second.load_all()
+    second.save([stale_a])
+    second.delete(["fake:fake:acct:b"])
+    check = case.open().load_all()
+    assert set(check) == {"fake:fake:acct:a", "fake:fake:acct:c"}
+    assert check["fake:fake:acct:a"].last_seen == T0 + 120
+
+
+def test_an_audit_record_appended_twice_is_logged_once(fresh: Callable[[], StoreCase]) -> None:
+    case = fresh()
+    first, second = case.open(), case.open()
+    records = [_memory(f"fake:fake:acct:{j}", T0 + i).audit_outbox[0]
+               for i, j in enumerate("aba")]
+    first.append_audit(records[:2])
+    second.append_audit(records)  # a retry after a failure that came after the write
+    second.append_audit(records[1:])
+    log = case.open().audit_log()
+    assert [r.id for r in log] == [r.id for r in records]  # oldest first, each once
+    assert [r.to_dict() for r in case.open().audit_log("fake:fake:acct:a")] == [
+        records[0].to_dict(), records[2].to_dict()]
+
+
+# --- the tick on the store -------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """The process dies (killed, out of memory): no ``except Exception`` catches it."""
+
+
+def test_the_stop_intent_is_in_the_store_before_the_stop_is_made(
+        fresh: Callable[[], StoreCase]) -> None:
+    case = fresh()
+    seen: list[JobMemory] = []
+
+    def look(job: Job) -> None:  # at the provider's stop call: what another view reads
+        seen.extend(m for m in case.open().load_all().values() if m.job_id == job.id)
+
+    src = FakeSource("fake", [make_job("bad", 500.0)], on_stop=look)
+    tick([src], policy(cap=1, persist=1), case.open(), [], now=T0, rules=RULES)
+    assert src.stops == ["bad"]
+    assert len(seen) == 1 and seen[0].stop is not None
+    assert seen[0].stop.done_at is None and seen[0].stop.attempts == 1
+
+
+@pytest.mark.parametrize("dies", ["before the provider took it", "after the provider took it"])
+def test_a_process_dying_between_the_intent_and_the_stop_stops_once(
+        fresh: Callable[[], StoreCase], dies: str) -> None:
+    """The first watcher writes its intent, then dies in the stop call, before or after
+    the provider took the stop. The next tick (a new process, its own view) stops the job
+    if it was not stopped, never a second time, and logs the stop once."""
+    case = fresh()
+    job = make_job("bad", 500.0)
+    taken: list[str] = []
+
+    class Dying(FakeSource):
+        def stop(self, job: Job, reason: str) -> None:
+            if dies.startswith("after"):
+                super().stop(job, reason)
+            raise Crash("killed")
+
+    first = Dying("fake", [job])
+    with pytest.raises(Crash):
+        tick([first], policy(), case.open(), [], now=T0, rules=RULES)
+    taken += first.stops
+    for t in (1, 2, 3):
+        src = FakeSource("fake", [job])
+        tick([src], policy(), case.open(), [], now=T0 + INTERVAL * t, rules=RULES)
+        taken += src.stops
+    assert taken == ["bad"]
+    stops = [a for a in case.open().audit_log() if a.action == AuditAction.STOP]
+    assert len(stops) == 1 and stops[0].job_id == "bad"

@@ -1,0 +1,117 @@
+"""The sink contract: every sink the runtimes can pick (the sink registry,
+``trainguard.lambdas.plugins.sinks``; what stands behind each is in
+``tests/contract/sinks.py``) behaves the same way for the user:
+
+* delivered: a critical finding raised by the tick reaches the endpoint;
+* refused: while the endpoint answers an error, the tick (an alarm sink) or the publish
+  (a metrics sink) reports it, naming the sink or the endpoint, and nothing is lost;
+* said again: at the next tick after the refusal, the finding reaches the endpoint;
+* resolve delivered: when the finding clears, the endpoint says it is resolved.
+
+``FakeSource`` (tests/test_tick.py) stands in for the provider (its adapters are tested
+against their services elsewhere); the ticks run on the memory store (the stores have
+their own contract, tests/test_store_contract.py) at the wall clock's time, since
+Alertmanager ends alerts by the real clock.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.contract.sinks import SINKS, SinkCase, open_case, sink_names
+from tests.test_tick import RULES, FakeSource, make_job, policy, set_loss
+from trainguard.checker.model import Action
+from trainguard.lambdas.state import MemoryStore
+from trainguard.lambdas.tick import TickReport, tick
+
+RULE = "loss_above"
+POLICY = policy(dry_run=True, warning=Action.NOTIFY)
+
+
+@pytest.fixture(params=sink_names())
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
+    return open_case(request.param, request, tmp_path)
+
+
+class Watch:
+    """Ticks over one job on one store, handing the case's sink what it takes."""
+
+    def __init__(self, case: SinkCase) -> None:
+        self.case, self.store = case, MemoryStore()
+        self.job = make_job("bad", 500.0)  # critical for loss_above
+        self.src = FakeSource("fake", [self.job])
+        # ticks a minute apart, ending before the wall clock's now: Alertmanager takes
+        # an alert's end only once it is past
+        self.now = time.time() - 600.0
+
+    def tick(self) -> tuple[TickReport, list[str]]:
+        """One tick; the problems it reported (an alarm sink's, or the publish's)."""
+        self.now += 60.0
+        sinks = [self.case.alarm] if self.case.alarm is not None else []
+        report = tick([self.src], POLICY, self.store, sinks, now=self.now, rules=RULES)
+        problems = list(report.sink_errors)
+        if self.case.publish is not None:
+            try:
+                self.case.publish(report, list(self.src.jobs))
+            except Exception as e:
+                problems.append(f"{type(e).__name__}: {e}")
+        return report, problems
+
+
+def test_every_registered_sink_has_a_case_and_every_case_a_sink() -> None:
+    assert sink_names() == sorted(SINKS)
+    assert {"sns", "cloudwatch", "webhook", "azure_metrics", "alertmanager",
+            "pushgateway"} <= set(sink_names())
+
+
+def test_delivered_then_resolve_delivered(case: SinkCase) -> None:
+    watch = Watch(case)
+    report, problems = watch.tick()
+    assert [f.severity.value for f in report.findings] == ["critical"]
+    assert problems == []
+    assert case.said() == {RULE: "firing"}
+    set_loss(watch.job, 1.0)
+    _, problems = watch.tick()
+    assert problems == []
+    assert case.said() == {RULE: "resolved"}
+
+
+def test_refused_then_said_again_next_tick(case: SinkCase) -> None:
+    watch = Watch(case)
+    case.down(True)
+    _, problems = watch.tick()
+    assert len(problems) == 1, problems
+    assert any(w in problems[0] for w in ("503", "NotFound", "ServiceUnavailable",
+                                          "service unavailable")), problems[0]
+    assert case.said() == {}  # nothing reached it
+    case.down(False)
+    _, problems = watch.tick()
+    assert problems == []
+    assert case.said() == {RULE: "firing"}
+    set_loss(watch.job, 1.0)
+    _, problems = watch.tick()
+    assert problems == [] and case.said() == {RULE: "resolved"}
+
+
+def test_a_refused_resolve_is_said_next_tick(case: SinkCase,
+                                            request: pytest.FixtureRequest) -> None:
+    if case.name == "azure_metrics":
+        # Found by this suite, not fixed yet: the custom metric posts a resolved pair's 0
+        # only on the tick that resolved it, so a refused post of that 0 is never made
+        # again (the metric alert then ends only by missing data).
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "FindingsMetrics does not post a refused resolve (0) again next tick")))
+    watch = Watch(case)
+    watch.tick()
+    assert case.said() == {RULE: "firing"}
+    set_loss(watch.job, 1.0)
+    case.down(True)
+    _, problems = watch.tick()
+    assert len(problems) == 1, problems
+    assert case.said() == {RULE: "firing"}  # the endpoint still holds the alarm
+    case.down(False)
+    _, problems = watch.tick()
+    assert problems == [] and case.said() == {RULE: "resolved"}
