@@ -6,23 +6,50 @@
 
 SageMaker applies the metric definitions (regexes) to the job's CloudWatch log lines and
 publishes ``/aws/sagemaker/TrainingJobs`` metrics, which the watchdog reads. The
-definitions come from ``adapters.local.emit_format``, the same the text reader uses.
+definitions are the text reader's own (``trainguard.adapters.local.emit_format``), kept
+beside this module in ``sagemaker-metric-definitions.json``: the adapters need Python
+3.11 and numpy, this helper runs on 3.9 with the standard library and the SageMaker SDK.
+``python -m trainguard.launch.sagemaker`` writes the file again from the reader's
+definitions, and a test fails when the two differ.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
 from trainguard.launch import POLICY_TAG, WATCH_TAG, check_policy_name
 
 MAX_DEFINITIONS = 40  # CreateTrainingJob accepts at most 40 metric definitions
+DEFINITIONS_FILE = "sagemaker-metric-definitions.json"
+
+
+@cache
+def _shipped() -> tuple[tuple[str, str], ...]:
+    text = resources.files("trainguard.launch").joinpath(DEFINITIONS_FILE).read_text("utf-8")
+    return tuple((d["Name"], d["Regex"]) for d in json.loads(text)["definitions"])
 
 
 def metric_definitions() -> list[dict[str, str]]:
     """``[{"Name", "Regex"}]`` for emit's lines (the time field is CloudWatch's own)."""
-    return [{"Name": d.name, "Regex": d.regex} for d in EMIT_DEFINITIONS if not d.time]
+    return [{"Name": name, "Regex": regex} for name, regex in _shipped()]
+
+
+def definitions_from_reader() -> dict[str, Any]:
+    """What ``sagemaker-metric-definitions.json`` must hold: the text reader's definitions
+    of emit's lines less the time field (tool side: needs Python 3.11 and numpy)."""
+    from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
+
+    return {
+        "generated_by": "python -m trainguard.launch.sagemaker, from "
+                        "trainguard.adapters.local.emit_format.EMIT_DEFINITIONS",
+        "definitions": [{"Name": d.name, "Regex": d.regex}
+                        for d in EMIT_DEFINITIONS if not d.time],
+    }
 
 
 def tags(policy: str, tag: str = WATCH_TAG) -> list[dict[str, str]]:
@@ -79,3 +106,9 @@ def _check_count(defs: list[dict[str, str]]) -> None:
     if len(defs) > MAX_DEFINITIONS:
         raise ValueError(f"{len(defs)} metric definitions: SageMaker accepts at most "
                          f"{MAX_DEFINITIONS}; drop some of yours")
+
+
+if __name__ == "__main__":  # write the shipped definitions again from the reader's
+    target = Path(__file__).with_name(DEFINITIONS_FILE)
+    target.write_text(json.dumps(definitions_from_reader(), indent=2) + "\n", "utf-8")
+    print(f"wrote {target}")
