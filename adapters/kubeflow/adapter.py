@@ -190,6 +190,9 @@ class KubeflowAdapter(Adapter):
         if self.metrics is not None:
             try:
                 job.series.update(self.metrics(job))
+                hosts_of = getattr(self.metrics, "hosts_of", None)  # per pod and GPU
+                if hosts_of is not None:
+                    job.hosts = hosts_of(job)
             except Exception as e:  # without metrics the job still counts for cost and state
                 self._report(ref, e, what="metrics")
         return job

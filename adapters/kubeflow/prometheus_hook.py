@@ -28,6 +28,7 @@ class PrometheusHook:
                                "namespace: use {selector}, {namespace} or {in_namespace}, "
                                "or another namespace's series could speak for the job")
         self.read: dict[str, list[str]] = {}  # job id -> series read: a run's summary shows it
+        self._hosts: dict[str, dict[str, dict[str, Series]]] = {}  # of the last read
 
     def prometheus_id(self, job: Job) -> str:
         """The job's id in Prometheus: ``{name}``, ``{namespace}``, ``{kind}`` or ``{id}``
@@ -38,7 +39,13 @@ class PrometheusHook:
     def __call__(self, job: Job) -> dict[str, Series]:
         now = self.now if self.now is not None else time.time()
         namespace = job.id.split("/", 1)[0]
-        series = self.metrics.series_for(self.prometheus_id(job),
-                                         now - self.metrics.mapping.history, now, namespace)
+        reading = self.metrics.read(self.prometheus_id(job),
+                                    now - self.metrics.mapping.history, now, namespace)
+        series = reading.series
         self.read[job.id] = sorted(f"{k}:{len(s)}" for k, s in series.items())
+        self._hosts[job.id] = reading.hosts
         return series
+
+    def hosts_of(self, job: Job) -> dict[str, dict[str, Series]]:
+        """Each pod's own GPU series (``Job.hosts``) from the last read of ``job``."""
+        return self._hosts.pop(job.id, {})

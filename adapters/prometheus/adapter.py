@@ -69,7 +69,8 @@ class PrometheusAdapter(Adapter):
         return Job(id=ref, provider=self.provider, scope=self.scope, name=ref,
                    state=self.map_state(raw), raw_state=raw, clock="wall",
                    start_time=reading.start_time, instance_count=1,
-                   gpus_per_instance=reading.gpus, tags=tags, series=reading.series)
+                   gpus_per_instance=reading.gpus, tags=tags, series=reading.series,
+                   hosts=reading.hosts)
 
     def stop(self, job: Job, reason: str) -> None:
         raise AdapterError(

@@ -14,6 +14,10 @@ A mapping is a dict (or a YAML/JSON file holding one)::
         match: 'pod=~"{job_id_re}-[a-z]+-[0-9]+"{in_namespace}'
         aggregate: avg
       tokens_per_s: 'sum(rate(tokens_total{selector}[1m]))'  # any PromQL
+    devices:                                       # optional: one series per GPU
+      gpu_util: 'DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id_re}-.+"{in_namespace}}'
+    host_label: pod    # the label of a device series that names its host (pod or node)
+    gpu_label: gpu     # and the one that names its GPU
     state: trainguard_state{selector}              # optional info metric; its label is the state
     state_label: state
     start_time: trainguard_start_time_seconds{selector}  # optional: epoch seconds
@@ -22,6 +26,12 @@ A mapping is a dict (or a YAML/JSON file holding one)::
     history: 86400     # seconds of history read each tick
     recent: 300        # a job with a sample this recent is still reporting
     min_step: 1        # finest range-query step, seconds
+
+``devices`` are read without aggregation, one series per GPU: each becomes the GPU's own
+series (``gpu_util/gpu0``) in ``Job.hosts[POD]``, beside the pod's mean over its GPUs
+(``gpu_util``); the job's aggregate ``series`` stay what rules read by default. By
+default the DCGM exporter's GPU use, memory in percent (FB_USED / (FB_USED + FB_FREE))
+and memory used in GiB (FB_USED is in MiB) are read per pod and GPU.
 
 In a PromQL entry ``{selector}`` stands for the job's matchers in braces, ``{job_id}``
 for the job id inside a string literal, ``{job_id_re}`` for the job id escaped for a
@@ -59,6 +69,21 @@ class MappingError(ValueError):
         super().__init__(f"{source}: {where}: {reason}")
 
 
+#: The DCGM exporter's series of one job's GPUs (see ``_default_series``).
+_DCGM_PODS = 'pod=~"{job_id_re}-[a-z]+-[0-9]+(-[0-9]+-[a-z0-9]{5})?"{in_namespace}'
+_FB_USED = "DCGM_FI_DEV_FB_USED{" + _DCGM_PODS + "}"
+_FB_FREE = "DCGM_FI_DEV_FB_FREE{" + _DCGM_PODS + "}"
+_MEM_PCT = f"100 * {_FB_USED} / ({_FB_USED} + {_FB_FREE})"
+
+
+def _default_devices() -> dict[str, str]:
+    return {
+        "gpu_util": "DCGM_FI_DEV_GPU_UTIL{" + _DCGM_PODS + "}",
+        "gpu_mem": _MEM_PCT,
+        "gpu_mem_used_gb": f"{_FB_USED} / 1024",
+    }
+
+
 def _default_series() -> dict[str, str]:
     return {
         "loss": "trainguard_loss",
@@ -71,6 +96,9 @@ def _default_series() -> dict[str, str]:
         # whose name merely starts with this one's (bert vs bert-large).
         "gpu_util": 'avg(DCGM_FI_DEV_GPU_UTIL{pod=~"{job_id_re}-[a-z]+-[0-9]+'
                     '(-[0-9]+-[a-z0-9]{5})?"{in_namespace}})',
+        # memory: the mean share of the GPUs' memory, and the fullest GPU's GiB
+        "gpu_mem": f"avg({_MEM_PCT})",
+        "gpu_mem_used_gb": f"max({_FB_USED}) / 1024",
     }
 
 
@@ -88,6 +116,9 @@ class Mapping:
     recent: float = 300.0
     min_step: float = 1.0
     namespace_label: str = "namespace"
+    devices: dict[str, str] = field(default_factory=_default_devices)  # name -> PromQL
+    host_label: str = "pod"
+    gpu_label: str = "gpu"
 
     def expr(self, template: str, job_id: str, namespace: str | None = None) -> str:
         """``template`` (a metric name or PromQL) made into one job's query; with a
@@ -111,9 +142,13 @@ class Mapping:
     def series_expr(self, name: str, job_id: str, namespace: str | None = None) -> str:
         return self.expr(self.series[name], job_id, namespace)
 
+    def device_expr(self, name: str, job_id: str, namespace: str | None = None) -> str:
+        return self.expr(self.devices[name], job_id, namespace)
+
     def unbound(self) -> list[str]:
         """The mapping's queries that could not select a job's namespace."""
         queries = {f"series.{k}": v for k, v in self.series.items()}
+        queries |= {f"devices.{k}": v for k, v in self.devices.items()}
         queries |= {k: getattr(self, k) for k in ("state", "start_time", "gpus")
                     if getattr(self, k)}
         return [k for k, v in queries.items()
@@ -159,7 +194,8 @@ def _build(name: str, doc: dict[str, Any]) -> Mapping:
     if unknown:
         raise MappingError(name, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
     kw: dict[str, Any] = {}
-    for key in ("discover", "id_label", "selector", "state_label", "namespace_label"):
+    for key in ("discover", "id_label", "selector", "state_label", "namespace_label",
+                "host_label", "gpu_label"):
         if key in doc:
             kw[key] = _text(name, key, doc[key])
     for key in ("state", "start_time", "gpus"):
@@ -168,7 +204,7 @@ def _build(name: str, doc: dict[str, Any]) -> Mapping:
     for key in ("history", "recent", "min_step"):
         if key in doc:
             kw[key] = _seconds(name, key, doc[key])
-    for key in ("id_label", "namespace_label"):
+    for key in ("id_label", "namespace_label", "host_label", "gpu_label"):
         if key in kw and not _LABEL_NAME.match(kw[key]):
             raise MappingError(name, key, f"{kw[key]!r} is not a label name")
     if "selector" in kw:
@@ -181,6 +217,16 @@ def _build(name: str, doc: dict[str, Any]) -> Mapping:
         if not isinstance(series, dict) or not series:
             raise MappingError(name, "series", "expected a mapping of series name to query")
         kw["series"] = {str(k): _series(name, str(k), v) for k, v in series.items()}
+    if "devices" in doc:
+        devices = doc["devices"]
+        if devices in (None, {}):
+            kw["devices"] = {}  # no per-GPU reads
+        elif not isinstance(devices, dict):
+            raise MappingError(name, "devices", "expected a mapping of series name to a "
+                               "query giving one series per GPU")
+        else:
+            kw["devices"] = {str(k): _series(name, f"devices.{k}", v)
+                             for k, v in devices.items()}
     return Mapping(**kw)
 
 

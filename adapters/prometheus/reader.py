@@ -34,6 +34,7 @@ class Reading:
     state: str | None = None  # the state label's value, when the mapping has a state
     start_time: float | None = None
     gpus: int | None = None
+    hosts: dict[str, dict[str, Series]] = field(default_factory=dict)  # ``Job.hosts``
 
     def last_time(self) -> float | None:
         times = [s.last_time for s in self.series.values() if len(s)]
@@ -78,6 +79,9 @@ class Metrics:
         series = {name: Series(name, t, _steps_at(t, steps, name), v)
                   for name, (_, t, v) in raw.items()}
         reading = Reading(series, labels=steps[0] if steps else {})
+        for name in self.mapping.devices:
+            for host, by in self._devices(name, job_id, ns, start, end, step, steps).items():
+                reading.hosts.setdefault(host, {}).update(by)
         m = self.mapping
         if m.state:
             reading.state = self._state(job_id, ns, start, end, step)
@@ -118,17 +122,43 @@ class Metrics:
         if values is None or times is None:
             raise ValueError(f"series {name!r} of job {job_id!r}: Prometheus returned "
                              "values without their timestamps")
-        written = dict(times.points)  # grid time -> time the sample was written
-        t: list[float] = []
-        v: list[float] = []
-        for grid, value in values.points:
-            when = written.get(grid, grid)
-            if t and when <= t[-1]:
-                continue  # the same sample again, or an older one seen through staleness
-            t.append(when)
-            v.append(value)
         labels = {k: val for k, val in values.labels.items() if k not in (_FIELD, "__name__")}
-        return labels, np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64)
+        return labels, *_written(values, times)
+
+    def _devices(self, name: str, job_id: str, ns: str | None, start: float, end: float,
+                 step: float, steps: tuple[dict[str, str], np.ndarray, np.ndarray] | None,
+                 ) -> dict[str, dict[str, Series]]:
+        """host -> ``NAME/gpuN`` for each of its GPUs and ``NAME``, their mean at each time."""
+        m = self.mapping
+        expr = m.device_expr(name, job_id, ns)
+        both = (f'label_replace({expr}, "{_FIELD}", "value", "", "") or '
+                f'label_replace(timestamp({expr}), "{_FIELD}", "time", "", "")')
+        groups: dict[tuple[tuple[str, str], ...], dict[str, RawSeries]] = {}
+        for r in self.client.query_range(both, start, end, step, namespace=ns):
+            key = tuple(sorted((k, v) for k, v in r.labels.items()
+                               if k not in (_FIELD, "__name__")))
+            groups.setdefault(key, {})[r.labels.get(_FIELD, "")] = r
+        per_host: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        for key, pair in groups.items():
+            labels = dict(key)
+            host, gpu = labels.get(m.host_label), labels.get(m.gpu_label, "")
+            values = pair.get("value")
+            if not host or values is None:
+                continue  # a series that names no host cannot be placed
+            t, v = _written(values, pair.get("time"))
+            per_host.setdefault(host, {})[f"{name}/gpu{gpu}"] = (t, v)
+        out: dict[str, dict[str, Series]] = {}
+        for host, gpus in per_host.items():
+            by = {k: Series(k, t, _steps_at(t, steps, k), v) for k, (t, v) in gpus.items()}
+            acc: dict[float, list[float]] = {}
+            for t, v in gpus.values():
+                for ti, vi in zip(t.tolist(), v.tolist(), strict=True):
+                    acc.setdefault(ti, []).append(vi)
+            mt = np.asarray(sorted(acc), dtype=np.float64)
+            mv = np.asarray([float(np.mean(acc[x])) for x in mt.tolist()], dtype=np.float64)
+            by[name] = Series(name, mt, _steps_at(mt, steps, name), mv)
+            out[host] = by
+        return out
 
     def _state(self, job_id: str, ns: str | None, start: float, end: float,
                step: float) -> str | None:
@@ -155,6 +185,21 @@ class Metrics:
             raise AmbiguousSeries(f"{what} of job {job_id!r}: the query {expr} gives "
                                   f"{len(result)} series, not one")
         return result[0].points[-1][1]
+
+
+def _written(values: RawSeries, times: RawSeries | None) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of a range query at the times they were written: a repeat of one sample
+    at later grid times, or an older one seen through staleness, is dropped."""
+    written = dict(times.points) if times is not None else {}  # grid -> written
+    t: list[float] = []
+    v: list[float] = []
+    for grid, value in values.points:
+        when = written.get(grid, grid)
+        if t and when <= t[-1]:
+            continue
+        t.append(when)
+        v.append(value)
+    return np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64)
 
 
 def _steps_at(times: np.ndarray, steps: tuple[dict[str, str], np.ndarray, np.ndarray] | None,
