@@ -23,7 +23,7 @@ import pytest
 
 from tests.contract.sinks import SINKS, SinkCase, open_case, sink_names
 from tests.test_tick import RULES, FakeSource, make_job, policy, set_loss
-from trainguard.checker.model import Action
+from trainguard.checker.model import Action, Severity
 from trainguard.lambdas.state import MemoryStore
 from trainguard.lambdas.tick import TickReport, tick
 
@@ -96,14 +96,8 @@ def test_refused_then_said_again_next_tick(case: SinkCase) -> None:
     assert problems == [] and case.said() == {RULE: "resolved"}
 
 
-def test_a_refused_resolve_is_said_next_tick(case: SinkCase,
-                                            request: pytest.FixtureRequest) -> None:
-    if case.name == "azure_metrics":
-        # Found by this suite, not fixed yet: the custom metric posts a resolved pair's 0
-        # only on the tick that resolved it, so a refused post of that 0 is never made
-        # again (the metric alert then ends only by missing data).
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "FindingsMetrics does not post a refused resolve (0) again next tick")))
+def test_a_refused_resolve_is_said_next_tick(case: SinkCase) -> None:
+    """(The Azure custom metric failed this before it said every watched pair each tick.)"""
     watch = Watch(case)
     watch.tick()
     assert case.said() == {RULE: "firing"}
@@ -115,3 +109,26 @@ def test_a_refused_resolve_is_said_next_tick(case: SinkCase,
     case.down(False)
     _, problems = watch.tick()
     assert problems == [] and case.said() == {RULE: "resolved"}
+
+
+def test_the_azure_metric_watches_every_pair_the_policy_acts_on() -> None:
+    """What the Function passes as ``watched``: a disabled rule, and a severity a rule
+    does nothing on, are not said; every other pair is, at 0 when none is open."""
+    from trainguard.checker.policy import Policy, RuleConfig
+    from trainguard.checker.registry import rule_names
+    from trainguard.lambdas.azure.sinks import acted_pairs, metric_document
+
+    quiet = {Severity.WARNING: Action.NONE, Severity.CRITICAL: Action.NOTIFY}
+    chosen = Policy(rules={"stall": RuleConfig(enabled=False),
+                           "plateau": RuleConfig(actions=quiet)})
+    pairs = acted_pairs(chosen)
+    assert ("stall", "critical") not in pairs and ("stall", "warning") not in pairs
+    assert ("plateau", "critical") in pairs and ("plateau", "warning") not in pairs
+    others = set(rule_names()) - {"stall", "plateau"}  # default actions: notify on both
+    assert {p for p in pairs if p[0] in others} == {
+        (r, s) for r in others for s in ("critical", "warning")}
+    doc = metric_document(TickReport(time=time.time()), pairs)
+    assert doc is not None
+    series = doc["data"]["baseData"]["series"]
+    assert sorted(tuple(s["dimValues"]) for s in series) == sorted(pairs)
+    assert all(s["max"] == 0 for s in series)

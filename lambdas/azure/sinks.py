@@ -2,11 +2,13 @@
 
 - ``FindingsMetrics``: after each tick, one Azure Monitor custom metric, namespace
   ``trainguard``, metric ``Findings``, dimensions ``rule`` and ``severity``: per pair, the
-  number of findings the policy acts on (notify or stop) open this tick, and 0 for a pair
-  whose findings resolved this tick. Posted to the custom metrics REST API
-  (``POST https://{region}.monitoring.azure.com{resourceId}/metrics``) with a token for
-  ``https://monitoring.azure.com/``; the stacks' metric alerts (``Maximum > 0``) send the
-  Action Group's email and webhooks from it.
+  number of findings the policy acts on (notify or stop) open this tick, 0 for a pair
+  whose findings resolved this tick, and 0 for every other pair the policy acts on
+  (``watched``, from ``acted_pairs``): each tick says every watched series, so a post the
+  endpoint refused (a resolve among it) is made good by the next tick's. Posted to the
+  custom metrics REST API (``POST https://{region}.monitoring.azure.com{resourceId}/metrics``)
+  with a token for ``https://monitoring.azure.com/``; the stacks' metric alerts
+  (``Maximum > 0``) send the Action Group's email and webhooks from it.
 - ``WebhookSink``: an ``AlarmSink`` posting each alarm event at or above a severity to one
   URL as JSON, with the message a person reads (``lambdas.message``) in ``text`` (the field
   Slack and Teams incoming webhooks show).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from azure.core import PipelineClient
@@ -30,6 +33,7 @@ from azure.core.pipeline.policies import (
 from azure.core.rest import HttpRequest
 
 from trainguard.checker.model import Action, Severity
+from trainguard.checker.policy import Policy
 from trainguard.lambdas import plugins
 from trainguard.lambdas.message import chat_text, render
 from trainguard.lambdas.tick import AlarmEvent, TickReport
@@ -63,13 +67,26 @@ def _post(client: PipelineClient[Any, Any], url: str, body: dict[str, Any],
         raise SinkError(f"{what}: HTTP {response.status_code}: {text}")
 
 
-def metric_document(report: TickReport) -> dict[str, Any] | None:
+def acted_pairs(policy: Policy) -> list[tuple[str, str]]:
+    """Every (rule, severity) the policy notifies or stops on: the series the stacks'
+    metric alerts watch."""
+    from trainguard.checker.registry import rule_names
+
+    return [(r, s.value) for r in rule_names() for s in (Severity.CRITICAL, Severity.WARNING)
+            if policy.rule(r).enabled
+            and policy.rule(r).actions.get(s, Action.NONE) is not Action.NONE]
+
+
+def metric_document(report: TickReport, watched: Iterable[tuple[str, str]] = (),
+                    ) -> dict[str, Any] | None:
     """The custom-metric body for one tick, or None when there is nothing to say."""
     counts = Counter((f.rule, f.severity.value) for f in report.findings
                      if f.action is not Action.NONE)
     for e in report.events:  # resolved pairs drop to 0 so their alert clears promptly
         if e.kind == "resolve":
             counts.setdefault((e.memory.rule, e.memory.severity), 0)
+    for pair in watched:  # and so does one whose resolve an earlier post could not say
+        counts.setdefault(pair, 0)
     if not counts:
         return None
     when = dt.datetime.fromtimestamp(report.time, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -87,10 +104,14 @@ class FindingsMetrics:
 
     def __init__(self, resource_id: str, region: str, credential: TokenCredential, *,
                  endpoint: str | None = None, ca_file: str | None = None, retries: int = 3,
-                 backoff: float = 0.8, timeout: float = 20.0) -> None:
+                 backoff: float = 0.8, timeout: float = 20.0,
+                 watched: Iterable[tuple[str, str]] = ()) -> None:
         """``resource_id`` is the resource the metric belongs to (the metric alerts' scope,
         e.g. the Application Insights component); ``endpoint`` replaces
-        ``https://{region}.monitoring.azure.com`` (tests, proxies)."""
+        ``https://{region}.monitoring.azure.com`` (tests, proxies); ``watched``: the
+        (rule, severity) pairs said on every tick, 0 when none is open
+        (``acted_pairs(policy)``)."""
+        self.watched = list(watched)
         if not resource_id.startswith("/subscriptions/"):
             raise ValueError(f"metrics resource id {resource_id!r} must be a full Azure "
                              "resource id (/subscriptions/.../providers/...)")
@@ -105,7 +126,7 @@ class FindingsMetrics:
 
     def publish(self, report: TickReport) -> dict[str, Any] | None:
         """Post the tick's metric; returns what was sent (None: nothing to send)."""
-        body = metric_document(report)
+        body = metric_document(report, self.watched)
         if body is not None:
             _post(self._client, self.url, body, f"custom metric {self.url}", self.timeout)
         return body

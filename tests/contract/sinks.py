@@ -340,14 +340,19 @@ def azure_metrics(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
     tls = tmp_path / "metrics-tls"
     tls.mkdir()
     on = _Receiving(_receiver(request, tls, custom_metric_problem))
+    # the pairs the tick's policy acts on (acted_pairs(policy) in the Function; the test
+    # rule is not among the registered rules it would read)
+    watched = [("loss_above", "critical"), ("loss_above", "warning")]
     metrics = FindingsMetrics(RESOURCE_ID, "westeurope", Token(), endpoint=on.receiver.url,
-                              ca_file=on.receiver.ca_file, retries=0)
+                              ca_file=on.receiver.ca_file, retries=0, watched=watched)
 
     def said() -> Said:
         assert not on.receiver.refused, on.receiver.refused
         for post in on.receiver.posts:
-            for s in post.body["data"]["baseData"]["series"]:
-                on.state[s["dimValues"][0]] = "firing" if s["max"] > 0 else "resolved"
+            series = post.body["data"]["baseData"]["series"]
+            for rule in {s["dimValues"][0] for s in series}:
+                firing = any(s["max"] > 0 for s in series if s["dimValues"][0] == rule)
+                on.state[rule] = "firing" if firing else "resolved"
         on.receiver.posts.clear()
         return dict(on.state)
 
