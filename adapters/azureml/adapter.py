@@ -11,6 +11,7 @@ from trainguard.adapters.azureml.logs import StdLogReader
 from trainguard.adapters.azureml.mapping import Fields, fields, heartbeat_line, raw_status
 from trainguard.adapters.azureml.mlflow import MlflowError, MlflowReader, https_base
 from trainguard.adapters.azureml.states import STATES
+from trainguard.adapters.azureml.system import per_node
 from trainguard.adapters.base import Adapter, AdapterError, JobError
 from trainguard.checker.model import Job, JobState, LogLine, Series
 from trainguard.checker.prices import gpus_of
@@ -82,6 +83,7 @@ class AzureMLAdapter(Adapter):
         f = fields(entity)
         state = self.map_state(f.raw_state)
         series, start = ({}, None) if state in self.NO_METRICS else self._metrics(f)
+        series, hosts = per_node(series)  # MLflow's system metrics, per node and GPU
         start = start if start is not None else f.created
         lines = [] if state in self.NO_METRICS else self._log_lines(f)
         instance_type = f.instance_type or self._size(f.compute)
@@ -91,7 +93,7 @@ class AzureMLAdapter(Adapter):
             instance_type=instance_type, instance_count=f.instance_count,
             gpus_per_instance=gpus_of(instance_type) if instance_type else None,
             tags=f.tags, console_url=f.console_url, max_runtime_s=f.max_runtime_s,
-            series=series,
+            series=series, hosts=hosts,
             logs=sorted([*lines, *heartbeat_line(f.raw_state, start, series)],
                         key=lambda line: line.time),
         )
