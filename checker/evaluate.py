@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from trainguard.checker import cost
-from trainguard.checker.model import Finding, Job
+from trainguard.checker.model import Action, Finding, Job, Severity
 from trainguard.checker.policy import Policy
 from trainguard.checker.registry import RULES, rule_names
 from trainguard.checker.rules.base import Context, Rule
@@ -42,22 +42,38 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
     findings: list[Finding] = []
     for job in jobs:
         found_here: list[Finding] = []
-        for rule in rules:
+        ask, kept = (rules, []) if followers is None else followers.split(rules, job, now)
+        for rule in ask:
             try:
                 found = (rule.check(job, ctx) if followers is None
                          else followers.check(rule, job, ctx))
             except Exception:
                 log.exception("rule %s failed on job %s", rule.name, job.id)
                 continue
-            actions = configs[rule.name].actions
-            for f in found:
-                f.action = actions.get(f.severity, f.action)
-            found_here.extend(found)
+            if found:
+                _act(found, configs[rule.name].actions)
+                found_here.extend(found)
+        if kept:  # rules whose input did not change since the tick before: in rule order
+            by_rule = {id(r): found for r, found in kept}
+            for r, found in kept:
+                _act(found, configs[r.name].actions)
+            asked = found_here
+            found_here = []
+            for rule in rules:
+                found = by_rule.get(id(rule))
+                if found is None:
+                    found = [f for f in asked if f.rule == rule.name]
+                found_here.extend(found)
         if found_here:
             # Money only for jobs with something to say: most jobs of a tick have nothing.
             _price(found_here, job, policy, now)
             findings.extend(found_here)
     return findings
+
+
+def _act(found: list[Finding], actions: dict[Severity, Action]) -> None:
+    for f in found:
+        f.action = actions.get(f.severity, f.action)
 
 
 def _price(found: list[Finding], job: Job, policy: Policy, now: float) -> None:

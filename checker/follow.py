@@ -20,6 +20,16 @@ blocks' medians) and the number of records that was, and look only at the new on
 Followers see cuts in time order, but a rule must still check that the cut extends what
 it saw (the same series, at least as many records) and start over when it does not.
 
+A rule whose verdict is a function of a prefix of a series (a judgement made at block
+boundaries) may say so, so that the follower does not even call it in between: each run
+it puts ``ctx.state[STABLE] = {name: count, ...}``, meaning "my findings stay the same,
+whatever else I read gains records, until one of these series has ``count`` records".
+The follower honours it only between consecutive cuts of a replay, while the job's state,
+the clock (if read), the log lines (if read) are unchanged and no series the rule found
+empty has gained a record (a new series may change which one the rule judges).
+Iterating ``job.series`` (its names) is a read of which series exist, not of their
+records: a rule that looks up the ones it wants by name is re-run when those grow.
+
 Followers judge cuts of one job (``Job.until``): the records of one run seen up to
 different times, so a series' record count says which records a cut holds.
 """
@@ -38,7 +48,9 @@ if TYPE_CHECKING:
     from trainguard.checker.rules.base import Rule
 
 #: Read marks for what is not a series.
-_ALL, _LOGS, _NOW, _JOBS = "\0all", "\0logs", "\0now", "\0jobs"
+_ALL, _LOGS, _NOW, _JOBS, _NAMES = "\0all", "\0logs", "\0now", "\0jobs", "\0names"
+#: The key of ``ctx.state`` where a rule says until when its findings stay the same.
+STABLE = "stable"
 
 
 class _Reads:
@@ -65,8 +77,12 @@ class _SeenSeries(dict[str, Series]):
         self._reads.names.add(_ALL)
 
     def __iter__(self) -> Iterator[str]:
-        self._all()
+        self._reads.names.add(_NAMES)  # the names; each series looked up is marked itself
         return super().__iter__()
+
+    def __contains__(self, key: object) -> bool:
+        self._reads.names.add(_NAMES)
+        return super().__contains__(key)
 
     def items(self) -> Any:
         self._all()
@@ -77,7 +93,7 @@ class _SeenSeries(dict[str, Series]):
         return super().values()
 
     def keys(self) -> Any:
-        self._all()
+        self._reads.names.add(_NAMES)
         return super().keys()
 
     def copy(self) -> dict[str, Series]:
@@ -163,9 +179,10 @@ class _Read:
         self.never = _JOBS in names  # other jobs or other rules' work: never reused
         self.all = _ALL in names
         self.series = tuple(sorted(job.series) if self.all
-                            else sorted(names - {_LOGS, _NOW, _JOBS}))
+                            else sorted(names - {_LOGS, _NOW, _JOBS, _NAMES}))
         self.names = frozenset(self.series)
         self.logs, self.now = _LOGS in names, _NOW in names
+        self.which = tuple(sorted(job.series)) if _NAMES in names else None
 
     def untouched(self, changed: Changed) -> bool:
         """True when ``changed`` holds nothing this rule read."""
@@ -184,6 +201,7 @@ class _Read:
             tuple([len(series[k]) if k in series else -1 for k in self.series]),
             len(job.logs) if self.logs else None,
             now if self.now else None,
+            tuple(sorted(series)) if self.which is not None else None,
         )
 
 
@@ -205,13 +223,28 @@ class Follower:
         self.calls = 0
         self.seen_at: float | None = None  # the ``now`` of the last cut it was asked about
         self.state: dict[str, Any] = {}  # the rule's own, as ``ctx.state``
+        self.stable: dict[str, int] | None = None  # the rule's ``ctx.state[STABLE]``
+        self.empty: tuple[str, ...] = ()  # series it read that had no record
+
+    def _still(self, job: Job, changed: Changed) -> bool:
+        """The rule's own word that nothing it judges changed (``STABLE``)."""
+        read, stable = self.read, self.stable
+        if stable is None or read is None or read.never or read.now or changed.state \
+                or (read.logs and changed.logs):
+            return False
+        series = job.series
+        for k, count in stable.items():
+            s = series.get(k)
+            if s is None or len(s) >= count:
+                return False
+        return not any(k in series and len(series[k]) for k in self.empty)
 
     def check(self, job: Job, ctx: Context, changed: Changed | None = None) -> list[Finding]:
         self.calls += 1
         last, self.seen_at = self.seen_at, ctx.now
         if self.read is not None and self.key is not None:
             if changed is not None and changed.before == last and changed.now == ctx.now \
-                    and self.read.untouched(changed):
+                    and (self.read.untouched(changed) or self._still(job, changed)):
                 return _fresh(self.found) if self.found else []
             if self.read.key(job, ctx.now) == self.key:
                 return _fresh(self.found)
@@ -221,8 +254,11 @@ class Follower:
         seen.series, seen.logs = _SeenSeries(job.series, reads), _SeenLogs(job.logs, reads)
         found = self.rule.check(seen, _seen_context(ctx, reads, self.state))
         self.runs += 1
+        self.stable = self.state.pop(STABLE, None)
         if self.read is None or reads.names != self.read.raw:
             self.read = _Read(reads.names, job)
+        if self.stable is not None:
+            self.empty = tuple(k for k in self.read.series if not len(job.series.get(k, ())))
         self.key = self.read.key(job, ctx.now)
         self.found = _fresh(found)
         return found
@@ -236,22 +272,62 @@ class Followers:
         self.by: dict[tuple[str, str], Follower] = {}
         #: set by a replay before each tick: what changed since the tick before
         self.changed: Changed | None = None
-        self._configs: tuple[object, tuple[str, ...], dict[str, Any]] | None = None
+        self._configs: tuple[object, list[Rule], tuple[str, ...], dict[str, Any]] | None = None
+        # split(): per job and rule list, the tick last split, and for each kind of change
+        # the followers it leaves idle; forgotten when a follower's reads or findings turn
+        self._seen: dict[tuple[str, int], float] = {}
+        self._plans: dict[tuple[Any, ...], tuple[list[Rule], list[Follower], list[Follower]]] = {}
 
     def check(self, rule: Rule, job: Job, ctx: Context) -> list[Finding]:
         key = (job.id, rule.name)
         follower = self.by.get(key)
         if follower is None:
             follower = self.by[key] = rule.follow()
-        return follower.check(job, ctx, self.changed)
+        read, had = follower.read, bool(follower.found)
+        found = follower.check(job, ctx, self.changed)
+        if follower.read is not read or bool(follower.found) != had:
+            self._plans.clear()
+        return found
+
+    def split(self, rules: list[Rule], job: Job, now: float
+              ) -> tuple[list[Rule], list[tuple[Rule, list[Finding]]]]:
+        """(the rules to ask about ``job`` at this tick, the findings of the others): a
+        rule whose follower saw the tick before and read nothing that changed since answers
+        as then, without a call per rule (a replay at one tick per record has a million
+        ticks at which most rules have nothing new to read). Without ``changed``, all."""
+        changed, at = self.changed, (job.id, id(rules))
+        last, self._seen[at] = self._seen.get(at), now
+        if changed is None or changed.now != now or last != changed.before:
+            return rules, []
+        sig = (at, changed.series, changed.logs, changed.state)
+        plan = self._plans.get(sig)
+        if plan is None:
+            ask: list[Rule] = []
+            idle: list[Follower] = []
+            for rule in rules:
+                f = self.by.get((job.id, rule.name))
+                if f is None or f.read is None or f.key is None or f.seen_at != last \
+                        or not f.read.untouched(changed):
+                    ask.append(rule)
+                else:
+                    idle.append(f)
+            plan = self._plans[sig] = (ask, idle, [f for f in idle if f.found])
+        ask, idle, speaking = plan
+        for f in idle:
+            f.calls += 1
+            f.seen_at = now
+        return ask, [(f.rule, _fresh(f.found)) for f in speaking]
 
     def configs(self, policy: Any, rules: list[Rule]) -> dict[str, Any]:
         """Each rule's policy config, read once for the whole replay."""
+        c = self._configs
+        if c is not None and c[0] is policy and c[1] is rules:
+            return c[3]
         names = tuple(r.name for r in rules)
-        if self._configs is None or self._configs[0] is not policy \
-                or self._configs[1] != names:
-            self._configs = (policy, names, {n: policy.rule(n) for n in names})
-        return self._configs[2]
+        if c is None or c[0] is not policy or c[2] != names:
+            c = (policy, rules, names, {n: policy.rule(n) for n in names})
+        self._configs = (policy, rules, c[2], c[3])
+        return c[3]
 
     @property
     def runs(self) -> int:

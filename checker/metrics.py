@@ -29,17 +29,22 @@ EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "tes
 _TRAIN_NOISE = frozenset({"train", "training", "epoch", "step", "avg", "mean", "total"})
 
 
+_CAMEL = re.compile(r"([a-z])([A-Z])")
+_SEPARATORS = re.compile(r"[^a-zA-Z0-9]+")
+
+
 @lru_cache(maxsize=4096)
 def words(name: str) -> tuple[str, ...]:
-    """``train/box_loss`` -> (train, box, loss); ``valLoss`` -> (val, loss). Cached: a
-    tick asks about the same few names for every job."""
-    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", name)
-    return tuple(w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w)
+    """``train/box_loss`` -> (train, box, loss); ``valLoss`` -> (val, loss). Cached (and
+    the patterns compiled once): a replay asks about the same few names at every tick."""
+    spaced = _CAMEL.sub(r"\1 \2", name)
+    return tuple(w for w in _SEPARATORS.split(spaced.lower()) if w)
 
 
+@lru_cache(maxsize=4096)
 def is_eval(name: str) -> bool:
     """True for a held-out metric: ``val_loss``, ``eval/loss``, ``outcome_val_loss``."""
-    return bool(EVAL_WORDS & set(words(name)))
+    return not EVAL_WORDS.isdisjoint(words(name))
 
 
 def get(job: Job, name: str, policy: Policy) -> Series | None:
@@ -50,8 +55,11 @@ def get(job: Job, name: str, policy: Policy) -> Series | None:
 
 
 def loss_like(job: Job) -> list[Series]:
-    """Every series whose name says it is a loss: the ones NaN and blow-ups matter in."""
-    return [s for k, s in sorted(job.series.items()) if "loss" in k.lower() and len(s)]
+    """Every series whose name says it is a loss: the ones NaN and blow-ups matter in.
+    Only those are read (by name), so a follower re-runs a rule asking for them when a
+    loss grows, not when any series does (``checker.follow``)."""
+    series = job.series
+    return [series[k] for k in sorted(series) if "loss" in k.lower() and len(series[k])]
 
 
 def primary(job: Job, policy: Policy) -> Series | None:
@@ -110,9 +118,10 @@ def objective(job: Job, held_out: bool) -> Series | None:
 def accuracy_partner(job: Job, s: Series) -> Series | None:
     """The accuracy measured on the same side (held-out or training) as loss ``s``."""
     side = is_eval(s.name)
-    found = [a for k, a in sorted(job.series.items())
-             if len(a) and {"acc", "accuracy"} & set(words(k)) and is_eval(k) == side
-             and "loss" not in words(k)]
+    series = job.series  # read by name: only the accuracies are looked at
+    found = [series[k] for k in sorted(series)
+             if {"acc", "accuracy"} & set(words(k)) and is_eval(k) == side
+             and "loss" not in words(k) and len(series[k])]
     return _shortest(found) if found else None
 
 

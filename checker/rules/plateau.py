@@ -25,17 +25,29 @@ single noisy values a fixed number of checks apart. This rule:
 
 A metric that has gone below zero (a GAN critic's Wasserstein loss) has no floor to
 measure improvement against and is not judged.
+
+Its cost does not grow with the square of the run when it is judged at every record (a
+replay at one tick per record). Up to ``max_points`` records of the objective it judges
+all of them at every new one. Beyond that it judges the run as of its latest block
+boundary (a power of two records, at most ``1/rejudge_parts`` of the run: the verdict
+trails the last record by less than that share of the run, where its window is half
+the run), on the medians of at most ``max_points`` consecutive blocks. ``check`` and a
+replay judge the same prefix, so they agree; a follower keeps the judgement in
+``ctx.state`` and is not called until the next boundary (``checker.follow.STABLE``), so
+a million records cost a few hundred judgements.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
 from trainguard.checker import cost
+from trainguard.checker.follow import STABLE
 from trainguard.checker.metrics import (
     accuracy_partner,
     is_eval,
@@ -88,6 +100,12 @@ class PlateauParams:
         3, "... a spike when at most this many points, a climb when more")
     chance_acc_tolerance: float = param(
         0.15, "chance level: an accuracy within this fraction of 1/K names K")
+    max_points: int = param(
+        1024, "an objective with more records is judged on the medians of at most this "
+        "many consecutive blocks, as of its latest block boundary (cost, not verdicts)")
+    rejudge_parts: int = param(
+        64, "beyond max_points, the verdict is renewed each time the objective grows by a "
+        "block of at most 1/this of its records")
 
 
 @register
@@ -98,9 +116,39 @@ class Plateau(Rule):
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         p: PlateauParams = self.params
         raw = job.series.get(p.metric) if p.metric else primary(job, ctx.policy)
-        if raw is None or len(raw) == 0 or not np.isfinite(raw.value[-1]):
-            return []  # nothing to judge, or the divergence rule is on it
-        s = per_epoch(job, raw, p.epoch_points)
+        if raw is None or len(raw) == 0:
+            return []
+        n = len(raw)
+        upto, block = judged_prefix(n, p.max_points, p.rejudge_parts)
+        if block == 1:
+            found = self._judge(job, ctx, raw)
+        else:
+            # The run as of its latest block boundary: the same prefix whether judged once
+            # (check) or followed (replay), so both agree; followed, kept until the next.
+            at = float(raw.time[upto - 1])
+            # what says the cut extends the prefix judged last (else: judged afresh)
+            mark = (raw.name, upto, block, at, float(raw.time[0]), float(raw.value[0]),
+                    float(raw.value[upto - 1]))
+            kept = ctx.state.get("judged") if ctx.state is not None else None
+            if kept is not None and kept[0] == mark:
+                found = [replace(f, evidence=dict(f.evidence)) for f in kept[1]]
+            else:
+                cut = _as_of(job, at, raw.name, upto)
+                found = self._judge(cut, ctx, _head(raw, upto))
+                if ctx.state is not None:
+                    ctx.state["judged"] = (mark, [replace(f, evidence=dict(f.evidence))
+                                                  for f in found])
+            if ctx.state is not None:
+                # The next boundary, or where the block doubles (a shorter prefix then).
+                ctx.state[STABLE] = {raw.name: min(upto + block, p.rejudge_parts * 2 * block)}
+        return [self._priced(job, ctx, f) for f in found]
+
+    def _judge(self, job: Job, ctx: Context, raw: Series) -> list[Finding]:
+        """The verdict on ``raw`` (the objective) as ``job`` holds it, without money."""
+        p: PlateauParams = self.params
+        if not np.isfinite(raw.value[-1]):
+            return []  # the divergence rule is on it
+        s = _reduce(per_epoch(job, raw, p.epoch_points), p.max_points)
         keep = np.isfinite(s.value)
         x = _axis(job, s, by_time=p.window_seconds is not None)
         keep &= np.isfinite(x)
@@ -146,7 +194,7 @@ class Plateau(Rule):
                 {"points": len(v) - lo, "rel_improvement": improvement / level,
                  "run_rel_improvement": run_improvement / level, "noise_se": se / level,
                  "level": level})]
-        return [self._converged(job, ctx, s, int(idx[lo]), v, idx, improvement, se, level)]
+        return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level)]
 
     # --------------------------------------------------------------------- the tests
 
@@ -187,7 +235,7 @@ class Plateau(Rule):
         train = training_objective(job, ctx.policy)
         if train is None:
             return False
-        t = per_epoch(job, train, self.params.epoch_points)
+        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
         ok = np.isfinite(t.value)
         x, v = _axis(job, t)[ok], t.value[ok]
         if len(v) < self.params.min_points or np.min(v) < 0:
@@ -249,15 +297,26 @@ class Plateau(Rule):
 
     # ----------------------------------------------------------------- the findings
 
-    def _converged(self, job: Job, ctx: Context, s: Series, at: int, v: FloatArray,
-                   idx: np.ndarray, improvement: float, se: float, level: float) -> Finding:
-        p: PlateauParams = self.params
+    def _priced(self, job: Job, ctx: Context, f: Finding) -> Finding:
+        """A converged finding with what stopping now would save (as of ``ctx.now``, on the
+        whole job): the only part of the verdict that moves between two judgements. A step
+        clock has no hours to count, and the clock is not read there."""
+        if f.evidence.get("kind") != "converged" or job.clock == "step":
+            return f
         now = ctx.now
         spent = cost.spent(job, ctx.policy, now)
         projected = cost.projected(job, ctx.policy, now)
         saving = (projected - spent) if projected is not None and spent is not None else None
         end = cost.planned_end(job, now)
-        hours_left = cost.hours_between(job, now, end) if end is not None else None
+        f.evidence["hours_left"] = cost.hours_between(job, now, end) if end is not None else None
+        f.evidence["saving_usd"] = saving
+        if saving is not None and saving > 0:
+            f.message += f"; stopping now would save ${saving:,.0f}"
+        return f
+
+    def _converged(self, job: Job, s: Series, at: int, v: FloatArray, idx: np.ndarray,
+                   improvement: float, se: float, level: float) -> Finding:
+        p: PlateauParams = self.params
         best_at = int(np.argmin(v)) if p.mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
@@ -269,12 +328,9 @@ class Plateau(Rule):
         else:
             msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
                    f"({improvement / level:+.2%} over the last stretch): converged")
-        if saving is not None and saving > 0:
-            msg += f"; stopping now would save ${saving:,.0f}"
         return self._finding(job, s, at, Severity.INFO, "converged", msg, {
             "rel_improvement": improvement / level, "noise_se": se / level, "level": level,
-            "best": best, "best_step": best_step, "saving_usd": saving,
-            "hours_left": hours_left})
+            "best": best, "best_step": best_step, "saving_usd": None, "hours_left": None})
 
     def _finding(self, job: Job, s: Series, at: int, severity: Severity, kind: str,
                  message: str, evidence: dict[str, object]) -> Finding:
@@ -295,6 +351,85 @@ class Plateau(Rule):
             edge = x[-1] - p.window_fraction * (x[-1] - x[0])
         lo = int(np.searchsorted(x, edge, side="left"))
         return min(lo, max(len(x) - p.min_points, 0))
+
+
+def judged_prefix(n: int, max_points: int, parts: int) -> tuple[int, int]:
+    """(records judged, block) for an objective of ``n`` records: all of them up to
+    ``max_points``; beyond, the latest multiple of a block, the largest power of two
+    records within ``1/parts`` of the run."""
+    if n <= max_points:
+        return n, 1
+    block = 1 << (max(n // max(parts, 1), 1).bit_length() - 1)
+    return (n // block) * block, block
+
+
+class _AsOf(Mapping[str, Series]):
+    """``job.series`` as recorded up to a time (``count`` records of one series), cut when
+    a series is looked up: what is not looked at is neither cut nor marked as read."""
+
+    def __init__(self, series: Mapping[str, Series], at: float, name: str, count: int
+                 ) -> None:
+        self._series, self._at, self._name, self._count = series, at, name, count
+        self._cut: dict[str, Series] = {}
+
+    def __getitem__(self, key: str) -> Series:
+        got = self._cut.get(key)
+        if got is None:
+            s = self._series[key]
+            n = self._count if key == self._name else int(s.time.searchsorted(self._at, "right"))
+            got = self._cut[key] = s if n == len(s) else _head(s, n)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._series)
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._series
+
+
+def _head(s: Series, n: int) -> Series:
+    head = Series.__new__(Series)  # views of arrays already checked: no re-validation
+    head.name, head.time, head.step, head.value = s.name, s.time[:n], s.step[:n], s.value[:n]
+    return head
+
+
+def _as_of(job: Job, at: float, name: str, count: int) -> Job:
+    """``job`` as recorded up to ``at``, with the first ``count`` records of ``name``."""
+    cut = object.__new__(Job)  # a shallow copy whose series are cut on demand
+    cut.__dict__.update(job.__dict__)
+    view: Any = _AsOf(job.series, at, name, count)
+    cut.__dict__["series"] = view
+    return cut
+
+
+def _reduce(s: Series, max_points: int) -> Series:
+    """``s`` as the medians (of finite values) of consecutive blocks of a power of two
+    records, each at its last record, when it has more than ``max_points`` records."""
+    n = len(s)
+    if n <= max_points:
+        return s
+    block = 1
+    while n > block * max_points:
+        block *= 2
+    starts = np.arange(0, n, block)
+    ends = np.minimum(starts + block, n)
+    full = n // block * block
+    rows = np.sort(s.value[:full].reshape(-1, block), axis=1)  # NaN sort last
+    parts = [rows]
+    if full < n:  # a last, shorter block: padded with NaN (sorted last, not counted)
+        tail = np.full((1, block), np.nan)
+        tail[0, : n - full] = np.sort(s.value[full:])
+        parts.append(tail)
+    rows = np.vstack(parts)
+    counts = np.isfinite(rows).sum(axis=1)
+    lo, hi = np.maximum(counts - 1, 0) // 2, counts // 2
+    r = np.arange(len(rows))
+    med = np.where(counts > 0, (rows[r, lo] + rows[r, np.minimum(hi, block - 1)]) / 2, np.nan)
+    at = ends - 1
+    return Series(f"{s.name} (medians of {block})", s.time[at], s.step[at], med)
 
 
 def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
