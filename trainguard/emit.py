@@ -19,6 +19,12 @@ The line format (``docs/platforms/scripts.md``), one line per written record::
     2025-11-29T17:07:40.002Z trainguard: heartbeat phase=eval step=120 elapsed=30 t=...
     2025-11-29T17:07:51.219Z trainguard: resume phase=eval step=120 elapsed=41.22 t=...
 
+GPU memory for the ``rightsizing`` rule: the peak this process's GPU held, in GB, as
+``gpu_mem_used_gb`` (a name every reader knows)::
+
+    emit(step=step, loss=loss.item(),
+         gpu_mem_used_gb=torch.cuda.max_memory_allocated() / 1e9)
+
 Tokens are ``key=value`` separated by one space after the ``trainguard:`` mark, so one
 regex per metric reads them (SageMaker metric definitions, Loki, Fluentd, trainguard's
 text reader: ``adapters/local/emit_format.py`` holds the shipped definitions). Numbers are

@@ -20,7 +20,8 @@ _MARK = r"trainguard:"
 
 #: the metrics the callbacks write and the rules read; any other key needs its own
 #: definition: ``emit_definition(NAME)``
-EMIT_METRICS = ("loss", "val_loss", "lr", "grad_norm", "epoch", "throughput")
+EMIT_METRICS = ("loss", "val_loss", "lr", "grad_norm", "epoch", "throughput",
+                "gpu_mem_used_gb")
 #: phases the callbacks pause for; any other phase still feeds ``heartbeat``
 EMIT_PHASES = ("eval", "checkpoint")
 
