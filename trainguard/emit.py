@@ -1,8 +1,8 @@
 """Report a training job's progress in one line per call, readable on every platform.
 
-Standard library only: this module is imported inside training images that have none of
-trainguard's other dependencies (``pip install trainguard`` without extras is enough, or
-copy this one file).
+Standard library only, Python 3.9 and later: this module is imported inside training
+images that have none of trainguard's other dependencies (``pip install --no-deps`` of
+the trainguard wheel, see the README's "Installing", or copy this one file).
 
     from trainguard.emit import emit, pause
     for step, batch in enumerate(loader):
