@@ -23,6 +23,7 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +33,11 @@ from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.seen import Track, tracked
 from trainguard.checker.stats import rolling_median3
 
 _BLOCK = 16  # points per block for the rolling reference level
+_Before = dict[int, tuple[float | str | None, float | str | None]]
 
 
 @dataclass
@@ -58,35 +61,23 @@ class DivergenceParams:
         "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
 
 
-def _reference(values: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Per point: the level and scale of the complete blocks before it (NaN where none).
-
-    Block medians keep the cost linear and ignore single outliers; the level is the
-    previous block's median, the scale the larger of its magnitude and its spread.
-    """
-    n = len(values)
-    nb = n // _BLOCK
-    level = np.full(n, np.nan)
-    scale = np.full(n, np.nan)
-    if nb == 0:
-        return level, scale
-    blocks = values[: nb * _BLOCK].reshape(nb, _BLOCK)
+def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArray]:
+    """Level and scale of blocks ``b0 .. b1 - 1`` (``_BLOCK`` points each): the block's
+    median, and the larger of its magnitude and its spread. Medians ignore single
+    outliers; a block with NaN in it (a diverging job) is judged on its finite points."""
+    blocks = values[b0 * _BLOCK: b1 * _BLOCK].reshape(b1 - b0, _BLOCK)
+    finite = np.isfinite(blocks)
+    if not finite.all():
+        blocks = np.where(finite, blocks, np.nan)  # inf is no level either
     med = np.median(blocks, axis=1)  # NaN where a block holds a NaN: mended below
     mad = np.median(np.abs(blocks - med[:, None]), axis=1)
-    # Blocks with NaN in them (a diverging job): their finite points, one block at a time;
-    # numpy's nanmedian on the whole array is ten times slower.
+    # numpy's nanmedian on the whole array is ten times slower
     for i in np.flatnonzero(np.isnan(med)):
-        finite = blocks[i][~np.isnan(blocks[i])]
+        finite = blocks[i][np.isfinite(blocks[i])]
         if len(finite):
             med[i] = np.median(finite)
             mad[i] = np.median(np.abs(finite - med[i]))
-    sc = np.maximum(np.abs(med), 3 * 1.4826 * mad)
-    # Point i sees the block that ended before the block containing i.
-    idx = np.arange(n) // _BLOCK - 1
-    ok = idx >= 0
-    level[ok] = med[idx[ok]]
-    scale[ok] = sc[idx[ok]]
-    return level, scale
+    return med, np.maximum(np.abs(med), 3 * 1.4826 * mad)
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -96,6 +87,280 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     padded = np.concatenate(([False], mask, [False]))
     edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
     return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
+
+
+#: New records up to this many are read one by one: a followed rule sees one or two new
+#: records a tick, where numpy's cost per call would outweigh the work.
+_SMALL = 8
+
+
+@dataclass
+class _Blowup:
+    """A stretch of consecutive blown-up points (non-finite, or far from the level)."""
+
+    start: int
+    length: int = 0
+    nan_at: int | None = None  # its first non-finite point
+    worst_bad: int = 0  # the most non-finite points in a row in it
+    bad_now: int = 0  # non-finite points in a row at its end
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def add(self, bad: list[bool]) -> None:
+        for i, b in enumerate(bad):
+            if b:
+                if self.nan_at is None:
+                    self.nan_at = self.end + i
+                self.bad_now += 1
+                self.worst_bad = max(self.worst_bad, self.bad_now)
+            else:
+                self.bad_now = 0
+        self.length += len(bad)
+
+    def sustained(self, p: DivergenceParams) -> bool:
+        """A divergence rather than a spike: non-finite ``nan_points`` in a row, or blown
+        up for ``recover_points``."""
+        return self.worst_bad >= p.nan_points or self.length >= p.recover_points
+
+    def what(self) -> str:
+        return "diverged" if self.worst_bad else "blew up and stayed up"
+
+
+class _Blowups(Track):
+    """The NaN and blow-up test of one series, kept from tick to tick.
+
+    Whether point i is blown up depends on the points up to i alone (its reference is the
+    complete block before its own), so each point is judged once; a stretch of them is
+    settled once ``recover_points`` points follow it: what it was cannot change after.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lo, self.hi, self.nonfinite = math.inf, -math.inf, 0
+        self.block: tuple[int, float, float] = (-1, math.nan, math.nan)  # the last one used
+        self.open: _Blowup | None = None
+        self.pending: list[_Blowup] = []  # ended less than recover_points ago
+        self.fired: _Blowup | None = None  # the first settled divergence (the run came back)
+        self.spike: _Blowup | None = None  # the first settled spike
+        self.before: _Before = {}
+
+    def read(self, s: Series, p: DivergenceParams) -> None:
+        n0, n = self.n, len(s)
+        if n > n0:
+            new = s.value[n0:n]
+            if n - n0 <= _SMALL:
+                vals = new.tolist()
+                bad = [not math.isfinite(x) for x in vals]
+                for x, b in zip(vals, bad, strict=True):
+                    if b:
+                        self.nonfinite += 1
+                    else:
+                        self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+            else:
+                ok = np.isfinite(new)
+                bad = (~ok).tolist()
+                self.nonfinite += len(new) - int(ok.sum())
+                if ok.any():
+                    self.lo = min(self.lo, float(new[ok].min()))
+                    self.hi = max(self.hi, float(new[ok].max()))
+            # Exact shortcut: every block's scale is at least its median, which is at least
+            # the series' minimum, so a positive series this tight cannot hold a blow-up.
+            tight = (not self.nonfinite and self.lo > 0
+                     and self.hi - self.lo <= p.blowup_factor * self.lo and self.hi <= p.abs_limit)
+            self._feed(None if tight else self._blown(s.value, n0, n, bad, p), bad, n0)
+        self.read_to(s)
+        while self.pending and n - self.pending[0].end >= p.recover_points:
+            run = self.pending.pop(0)
+            if run.sustained(p):
+                self.fired = self.fired or run
+            else:
+                self.spike = self.spike or run
+
+    def _ref(self, values: FloatArray, b: int) -> tuple[float, float]:
+        if self.block[0] != b:
+            med, sc = _blocks(values, b, b + 1)
+            self.block = (b, float(med[0]), float(sc[0]))
+        return self.block[1], self.block[2]
+
+    def _blown(self, values: FloatArray, n0: int, n: int, bad: list[bool],
+               p: DivergenceParams) -> list[bool]:
+        """Which of records n0 .. n-1 are blown up: non-finite, or far from the level of
+        the complete block before their own (by ``blowup_factor`` of its scale)."""
+        if n - n0 <= _SMALL:
+            out = []
+            for i, b in enumerate(bad, start=n0):
+                x = float(values[i])
+                if b or abs(x) > p.abs_limit:
+                    out.append(True)
+                    continue
+                lv, sc = self._ref(values, i // _BLOCK - 1) if i >= _BLOCK else (
+                    math.nan, math.nan)
+                out.append(abs(x - lv) > p.blowup_factor * sc)
+            return out
+        b0, b1 = max(n0 // _BLOCK - 1, 0), (n - 1) // _BLOCK  # reference blocks b0 .. b1-1
+        level, scale = np.full(n - n0, np.nan), np.full(n - n0, np.nan)
+        if b1 > b0:
+            meds, scales = _blocks(values, b0, b1)
+            self.block = (b1 - 1, float(meds[-1]), float(scales[-1]))
+            ref = np.arange(n0, n) // _BLOCK - 1 - b0  # each point sees the block before its own
+            ok = ref >= 0
+            level[ok], scale[ok] = meds[ref[ok]], scales[ref[ok]]
+        v = values[n0:n]
+        with np.errstate(all="ignore"):
+            far = (np.abs(v - level) > p.blowup_factor * scale) | (np.abs(v) > p.abs_limit)
+        return [b or f for b, f in zip(bad, far.tolist(), strict=True)]
+
+    def _feed(self, blown: list[bool] | None, bad: list[bool], n0: int) -> None:
+        if blown is None or not any(blown):
+            if self.open is not None:
+                self.pending.append(self.open)
+                self.open = None
+            return
+        for start, length in _runs(np.array(blown)):
+            if self.open is not None and start > 0:  # it ended before this one began
+                self.pending.append(self.open)
+                self.open = None
+            if self.open is None:
+                self.open = _Blowup(n0 + start)
+            self.open.add(bad[start:start + length])
+            if start + length < len(blown):
+                self.pending.append(self.open)
+                self.open = None
+
+
+@dataclass
+class _Climb:
+    """A stretch of consecutive finite points of the objective far above its best."""
+
+    start: int  # its first point, counted among the finite points
+    at: int  # the record of its first point
+    best: float  # the best level before it
+    head: list[float]  # its first regress_points values: the level that made it fire
+    length: int = 0
+    back: int | None = None  # the record of the finite point that ended it
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+class _Climbs(Track):
+    """The test for a divergence without NaN, kept from tick to tick: the finite points
+    read, the running best level (the lowest median of three), the first level, and the
+    stretches of points many times that best."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nf = 0  # finite points read
+        self.low = math.inf  # the lowest of them
+        self.last: list[float] = []  # the last two of them
+        self.best = math.inf  # the lowest level (median of three) so far
+        self.first = math.nan  # the first level
+        self.open: _Climb | None = None
+        self.pending: list[_Climb] = []  # long enough, ended less than recover_points ago
+        self.settled: _Climb | None = None  # the last one settled: the run came back from it
+        self.before: _Before = {}
+
+    def read(self, s: Series, p: DivergenceParams) -> None:
+        n0, n = self.n, len(s)
+        if n > n0:
+            new = s.value[n0:n]
+            if n - n0 <= _SMALL:
+                for i, x in enumerate(new.tolist(), start=n0):
+                    if math.isfinite(x):
+                        self._point(i, x, p)
+            else:
+                self._many(new, n0, p)
+        self.read_to(s)
+        while self.pending and self.nf - self.pending[0].end >= p.recover_points:
+            self.settled = self.pending.pop(0)
+
+    def _point(self, at: int, x: float, p: DivergenceParams) -> None:
+        """The next finite point, record ``at``: the best is that of the levels wholly
+        before it, so a single lucky low point is not a best and x is not its own."""
+        best = self.best
+        high = x >= p.regress_factor * best and \
+            x >= best + p.regress_lost * max(self.first - best, 0.0)
+        self._stretch(high, at, x, best, p)
+        self.low = min(self.low, x)
+        last = self.last
+        if len(last) == 2:
+            a, b = last
+            level = max(min(a, b), min(max(a, b), x))  # stats.rolling_median3's formula
+            if self.nf == 2:
+                self.first = level
+            self.best = min(self.best, level)
+            last[0], last[1] = b, x
+        else:
+            last.append(x)
+        self.nf += 1
+
+    def _stretch(self, high: bool, at: int, x: float, best: float,
+                 p: DivergenceParams) -> None:
+        c = self.open
+        if high:
+            if c is None:
+                c = self.open = _Climb(self.nf, at, best, [])
+            if len(c.head) < p.regress_points:
+                c.head.append(x)
+            c.length += 1
+        elif c is not None:
+            self._close(c, at, p)
+
+    def _close(self, c: _Climb, back: int, p: DivergenceParams) -> None:
+        c.back = back
+        if c.length >= p.regress_points:
+            self.pending.append(c)
+        self.open = None
+
+    def _many(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
+        """``_point`` on each finite value of ``new`` (records n0 ...), vectorised."""
+        ok = np.isfinite(new)
+        at = n0 + np.flatnonzero(ok)
+        v = new[ok]
+        m = len(v)
+        if not m:
+            return
+        lag = len(self.last)
+        w = np.concatenate((self.last, v))
+        levels = rolling_median3(w)  # levels[k] ends at point k + 2 - lag of v
+        if self.nf < 3 and len(levels):
+            self.first = float(levels[0])  # the level of the first three finite points
+        # before point j of v: the carried best and the levels ending before j
+        cm = np.minimum.accumulate(np.minimum(levels, self.best))
+        k = np.arange(m) - 3 + lag
+        best = np.full(m, self.best)
+        best[k >= 0] = cm[k[k >= 0]]
+        with np.errstate(invalid="ignore"):
+            high = (v >= p.regress_factor * best) & (
+                v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))
+        if self.open is not None and not high[0]:
+            self._close(self.open, int(at[0]), p)
+        for start, length in _runs(high):
+            c = self.open
+            if c is None:
+                c = self.open = _Climb(self.nf + start, int(at[start]), float(best[start]), [])
+            c.head += v[start:start + p.regress_points - len(c.head)].tolist()
+            c.length += length
+            if start + length < m:
+                self._close(c, int(at[start + length]), p)
+        self.low = min(self.low, float(v.min()))
+        self.best = float(cm[-1]) if len(cm) else self.best
+        self.last = w[-2:].tolist()
+        self.nf += m
+
+    def verdict(self, p: DivergenceParams) -> _Climb | None:
+        """The stretch to report: the first going on or ended within recover_points, else
+        the last one the run came back from, else None."""
+        if self.nf < 3 + p.regress_points or self.low <= 0:
+            return None  # too short, or no floor to measure a ratio against
+        if self.pending:
+            return self.pending[0]
+        if self.open is not None and self.open.length >= p.regress_points:
+            return self.open
+        return self.settled
 
 
 @register
@@ -109,12 +374,23 @@ class Divergence(Rule):
             [job.series[m] for m in p.metrics if m in job.series]
             if p.metrics else loss_like(job)
         )
-        finite_training = self._training_finite(job, ctx)
-        found = [f for s in series if (f := self._one(job, s, finite_training)) is not None]
-        objective = None if p.metrics else (
-            training_objective(job, ctx.policy) or objective_of(job, held_out=True))
-        if objective is not None and (f := self._regressed(job, objective)) is not None:
-            found.append(f)
+        train = _training(job, ctx)
+        # Non-finite values in an evaluation loss while the training objective is logged and
+        # its latest value finite are the evaluation's problem.
+        finite_training = train is not None and len(train) > 0 and bool(
+            np.isfinite(train.value[-1]))
+        found = []
+        for s in series:
+            track = tracked(ctx.state, "blowups:" + s.name, s, _Blowups)
+            track.read(s, p)
+            if (f := self._blowup(job, s, track, finite_training)) is not None:
+                found.append(f)
+        objective = None if p.metrics else (train or objective_of(job, held_out=True))
+        if objective is not None:
+            climbs = tracked(ctx.state, "climbs:" + objective.name, objective, _Climbs)
+            climbs.read(objective, p)
+            if (f := self._climbed(job, objective, climbs)) is not None:
+                found.append(f)
         if not found:
             return []
         # One finding per job: the worst, earliest.
@@ -122,65 +398,57 @@ class Divergence(Rule):
                                   else float("inf")))
         return found[:1]
 
-    def _training_finite(self, job: Job, ctx: Context) -> bool:
-        """Whether the training objective is being logged and its latest value is finite:
-        then non-finite values in an evaluation loss are the evaluation's problem."""
-        train = training_objective(job, ctx.policy)
-        return train is not None and len(train) > 0 and bool(np.isfinite(train.value[-1]))
-
-    def _one(self, job: Job, s: Series, finite_training: bool) -> Finding | None:
+    def _blowup(self, job: Job, s: Series, t: _Blowups, finite_training: bool) -> Finding | None:
         p: DivergenceParams = self.params
-        v = s.value
-        bad = ~np.isfinite(v)
-        if not bad.any() and len(v):
-            lo, hi = float(v.min()), float(v.max())
-            # Exact shortcut: every block's scale is at least its median, which is at least
-            # the series' minimum, so a positive series this tight cannot hold a blow-up.
-            if lo > 0 and hi - lo <= p.blowup_factor * lo and hi <= p.abs_limit:
-                return None
-        level, scale = _reference(np.where(bad, np.nan, v))
-        with np.errstate(all="ignore"):
-            far = np.abs(v - level) > p.blowup_factor * scale
-        blown = bad | (np.isfinite(v) & (far | (np.abs(v) > p.abs_limit)))
-        if not blown.any():
-            return None
-        n = len(v)
         eval_only = finite_training and is_eval(s.name)
-        first_spike: tuple[int, int] | None = None
-        fired: tuple[int, int, int | None, str] | None = None  # start, end, nan_at, what
-        for start, length in _runs(blown):
-            ends_run = start + length == n
-            nonfinite = int(bad[start:start + length].sum())
-            nan_at = start + int(np.argmax(bad[start:start + length])) if nonfinite else None
-            consecutive_bad = max((ln for _, ln in _runs(bad[start:start + length])), default=0)
-            if consecutive_bad >= p.nan_points or length >= p.recover_points:
-                what = "diverged" if consecutive_bad else "blew up and stayed up"
-                if ends_run or n - (start + length) < p.recover_points:
-                    return self._finding(job, s, start, nan_at,
-                                         Severity.WARNING if eval_only else Severity.CRITICAL,
-                                         what, eval_only)
-                if fired is None:
-                    fired = (start, start + length, nan_at, what)
-                continue
-            if ends_run:
-                return self._finding(job, s, start, nan_at, Severity.WARNING,
-                                     "non-finite, watching" if nonfinite else
-                                     "spiking, not yet recovered", eval_only)
-            if first_spike is None:
-                first_spike = (start, length)
-        if fired is not None:
-            return self._recovered(job, s, *fired, eval_only=eval_only)
-        if first_spike is None:
+        spike = t.spike
+        for ended in t.pending:  # ended, but too lately to say it is over
+            if ended.sustained(p):
+                return self._finding(job, s, t, ended.start, ended.nan_at,
+                                     Severity.WARNING if eval_only else Severity.CRITICAL,
+                                     ended.what(), eval_only)
+            spike = spike or ended
+        if (now := t.open) is not None:  # going on at the last record
+            if now.sustained(p):
+                return self._finding(job, s, t, now.start, now.nan_at,
+                                     Severity.WARNING if eval_only else Severity.CRITICAL,
+                                     now.what(), eval_only)
+            return self._finding(job, s, t, now.start, now.nan_at, Severity.WARNING,
+                                 "non-finite, watching" if now.nan_at is not None else
+                                 "spiking, not yet recovered", eval_only)
+        if (fired := t.fired) is not None:
+            return self._recovered(job, s, t, fired.start, fired.end, fired.nan_at,
+                                   fired.what(), eval_only)
+        if spike is None:
             return None
-        start, length = first_spike
-        f = self._finding(job, s, start, None, Severity.INFO, "spiked and recovered", eval_only)
-        f.evidence["spike_points"] = length
+        f = self._finding(job, s, t, spike.start, None, Severity.INFO, "spiked and recovered",
+                          eval_only)
+        f.evidence["spike_points"] = spike.length
         return f
 
-    def _recovered(self, job: Job, s: Series, start: int, end: int, nan_at: int | None,
-                   what: str, eval_only: bool) -> Finding:
+    def _climbed(self, job: Job, s: Series, t: _Climbs) -> Finding | None:
+        """The objective many times its own best level, for ``regress_points`` points in a
+        row."""
+        p: DivergenceParams = self.params
+        c = t.verdict(p)
+        if c is None:
+            return None
+        level = float(np.median(c.head))
+        what = (f"climbed to over {p.regress_factor:g}x its best level ({c.best:.4g}) "
+                f"for {c.length} points in a row")
+        evidence = {"best_level": c.best, "level": level, "ratio": level / c.best}
+        if c.back is None or t.nf - c.end < p.recover_points:
+            f = self._finding(job, s, t, c.at, None, Severity.CRITICAL, what)
+            f.evidence.update(kind="regressed", **evidence)
+            return f
+        f = self._recovered(job, s, t, c.at, c.back, None, what, False)
+        f.evidence.update(evidence)
+        return f
+
+    def _recovered(self, job: Job, s: Series, t: _Blowups | _Climbs, start: int, end: int,
+                   nan_at: int | None, what: str, eval_only: bool) -> Finding:
         """A divergence the run came back from: info as of now, saying when it fired."""
-        f = self._finding(job, s, start, nan_at, Severity.INFO, what, eval_only)
+        f = self._finding(job, s, t, start, nan_at, Severity.INFO, what, eval_only)
         back = float(s.step[end]) if np.isfinite(s.step[end]) else None
         f.message += (f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
                       f" ({len(s) - end} finite points since)")
@@ -190,53 +458,16 @@ class Divergence(Rule):
         f.evidence["kind"] = "recovered"
         return f
 
-    def _regressed(self, job: Job, s: Series) -> Finding | None:
-        """The objective many times its own best level, for a sustained stretch of
-        ``regress_points`` points in a row."""
-        p: DivergenceParams = self.params
-        ok = np.isfinite(s.value)
-        v = s.value[ok]
-        n = len(v)
-        if n < 3 + p.regress_points or float(v.min()) <= 0:
-            return None  # too short, or no floor to measure a ratio against
-        # best[i]: the lowest level (median of three points) wholly before point i, so a
-        # single lucky low point is not a best and point i is not its own reference.
-        levels = rolling_median3(v)
-        best = np.full(n, np.inf)
-        best[3:] = np.minimum.accumulate(levels)[: n - 3]
-        first = float(levels[0])
-        high = (v >= p.regress_factor * best) & (
-            v >= best + p.regress_lost * np.maximum(first - best, 0.0))
-        idx = np.flatnonzero(ok)
-        out: Finding | None = None
-        for start, length in _runs(high):
-            if length < p.regress_points:
-                continue
-            at = int(idx[start])
-            ref = float(best[start])
-            what = (f"climbed to over {p.regress_factor:g}x its best level ({ref:.4g}) "
-                    f"for {length} points in a row")
-            evidence = {"best_level": ref, "level": float(np.median(v[start:start + length])),
-                        "ratio": float(np.median(v[start:start + length]) / ref)}
-            end = start + length
-            if n - end < p.recover_points:
-                f = self._finding(job, s, at, None, Severity.CRITICAL, what)
-                f.evidence.update(kind="regressed", **evidence)
-                return f
-            out = self._recovered(job, s, at, int(idx[end]), None, what, False)
-            out.evidence.update(evidence)
-        return out
-
-    def _finding(self, job: Job, s: Series, start: int, nan_at: int | None,
+    def _finding(self, job: Job, s: Series, t: _Blowups | _Climbs, start: int, nan_at: int | None,
                  severity: Severity, what: str, eval_only: bool = False) -> Finding:
-        before = s.value[:start][np.isfinite(s.value[:start])]
+        last_before, best_before = _before(t.before, s, start)
         step = float(s.step[start]) if np.isfinite(s.step[start]) else None
         evidence: dict[str, object] = {
             "kind": "nonfinite" if nan_at is not None else "blowup",
             "metric": s.name,
             "value": _num(s.value[start]),
-            "last_finite_before": _num(before[-1]) if len(before) else None,
-            "best_before": _num(before.min()) if len(before) else None,
+            "last_finite_before": last_before,
+            "best_before": best_before,
         }
         if nan_at is not None:
             evidence["first_nonfinite_step"] = (
@@ -251,6 +482,34 @@ class Divergence(Rule):
             message=f"{s.name} {what} at {where} (value {_fmt(s.value[start])}){note}",
             started_at=float(s.time[start]), step=step, evidence=evidence,
         )
+
+
+def _training(job: Job, ctx: Context) -> Series | None:
+    """``metrics.training_objective``, whose choice among named series depends only on the
+    names of the non-empty series and the policy's alias: a followed rule keeps the name
+    it chose while those stay the same (a sum of components is summed afresh)."""
+    if ctx.state is None:
+        return training_objective(job, ctx.policy)
+    key = (ctx.policy.metrics.get("loss"), [(k, len(s) > 0) for k, s in job.series.items()])
+    kept = ctx.state.get("training")
+    if kept is not None and kept[0] == key:
+        return job.series[kept[1]] if kept[1] is not None else None
+    s = training_objective(job, ctx.policy)
+    if s is None or job.series.get(s.name) is s:
+        ctx.state["training"] = (key, None if s is None else s.name)
+    else:
+        ctx.state.pop("training", None)
+    return s
+
+
+def _before(cache: _Before, s: Series, start: int) -> tuple[float | str | None,
+                                                            float | str | None]:
+    """(last finite value, lowest finite value) before record ``start``, worked out once
+    per start and kept on the track (a finding lasts many ticks)."""
+    if start not in cache:
+        before = s.value[:start][np.isfinite(s.value[:start])]
+        cache[start] = (_num(before[-1]), _num(before.min())) if len(before) else (None, None)
+    return cache[start]
 
 
 def _num(x: float) -> float | str:

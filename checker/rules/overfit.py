@@ -9,10 +9,16 @@ it) at least ``factor`` times its own best for ``points`` evaluations in a row, 
 the training loss is lower than it was when validation was at its best. It reports
 the step of the best validation value (the checkpoint to keep) and, priced by the
 checker, what the run has spent since.
+
+Followed tick by tick (``checker.follow``), the rule keeps its running best and the
+length of the climb in ``ctx.state`` and reads only the evaluations new since the last
+tick; it reads the training loss only while the held-out loss is climbing, so its
+follower does not re-run it at every training step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +27,7 @@ from trainguard.checker.metrics import get, objective, training_objective
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.seen import Track, tracked
 from trainguard.checker.stats import median, rolling_median3
 
 
@@ -38,6 +45,89 @@ class OverfitParams:
     points: int = param(3, "... for this many consecutive evaluations")
 
 
+#: New evaluations up to this many are read one by one (a followed rule sees one a tick).
+_SMALL = 8
+
+
+class _Held(Track):
+    """The held-out loss as far as it has been read: its levels (median of three finite
+    evaluations), their running best, how many levels in a row at the end stand at
+    ``factor`` times that best, and the best evaluation before the last ``points``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nf = 0  # finite evaluations read
+        self.low = math.inf
+        self.last: list[tuple[int, float]] = []  # the last two: (record, value)
+        self.best = math.inf  # the lowest level
+        self.level = math.nan  # the last level
+        self.high = 0  # levels in a row at the end at factor x the best
+        self.since = -1  # the record where that stretch of levels begins
+        self.recent: list[tuple[int, float]] = []  # the last ``points`` evaluations
+        self.best_value, self.best_at = math.inf, -1  # the lowest before them, and its record
+
+    def read(self, s: Series, p: OverfitParams) -> None:
+        n0, n = self.n, len(s)
+        if n > n0:
+            new = s.value[n0:n]
+            if n - n0 <= _SMALL:
+                for i, x in enumerate(new.tolist(), start=n0):
+                    if math.isfinite(x):
+                        self._many([i], [x], p)
+            else:
+                ok = np.isfinite(new)
+                self._many((n0 + np.flatnonzero(ok)).tolist(), new[ok].tolist(), p)
+        self.read_to(s)
+
+    def _many(self, at: list[int], v: list[float], p: OverfitParams) -> None:
+        """The next finite evaluations ``v`` (records ``at``), in order."""
+        if not v:
+            return
+        if self.nf == 0:
+            self.since = at[0]  # a climb from the first evaluation on
+        pairs = self.last + list(zip(at, v, strict=True))
+        if len(pairs) >= 3:
+            w = np.array([x for _, x in pairs])
+            levels = rolling_median3(w)  # levels[k] has pairs[k + 1] at its middle
+            best = np.minimum.accumulate(np.minimum(levels, self.best))
+            high = levels >= p.factor * best
+            low = np.flatnonzero(~high)
+            if len(low):
+                self.high = len(high) - 1 - int(low[-1])
+                self.since = pairs[int(low[-1]) + 1][0]  # the middle of the last one below
+            else:
+                self.high += len(high)
+            self.level, self.best = float(levels[-1]), float(best[-1])
+        self.last = pairs[-2:]
+        self.nf += len(v)
+        self.low = min(self.low, min(v))
+        recent = self.recent + pairs[len(pairs) - len(v):]
+        if len(recent) > p.points:  # the oldest leave the last ``points``: the best of them
+            older = recent[: len(recent) - p.points]
+            k = int(np.argmin([x for _, x in older]))  # the first of equal values
+            if older[k][1] < self.best_value:
+                self.best_at, self.best_value = older[k]
+            recent = recent[len(recent) - p.points:]
+        self.recent = recent
+
+    def climbing(self, p: OverfitParams) -> bool:
+        """The rule's condition on the held-out loss alone, as of the last evaluation."""
+        return self.nf >= 2 + p.points and self.low > 0 and self.high >= p.points
+
+
+class _Finite(Track):
+    """Whether a series has held only finite values so far."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nonfinite = 0
+
+    def read(self, s: Series) -> None:
+        if len(s) > self.n:
+            self.nonfinite += int((~np.isfinite(s.value[self.n:])).sum())
+        self.read_to(s)
+
+
 @register
 class Overfit(Rule):
     name = "overfit"
@@ -47,24 +137,23 @@ class Overfit(Rule):
         p: OverfitParams = self.params
         val = (job.series.get(p.metric) if p.metric else
                get(job, "val_loss", ctx.policy) or objective(job, held_out=True))
+        if val is None:
+            return []
+        held = tracked(ctx.state, "held:" + val.name, val, _Held)
+        held.read(val, p)
+        # Only a climb still going on as of the last evaluation; the training loss is not
+        # read before there is one.
+        if not held.climbing(p):
+            return []
         train = (job.series.get(p.train_metric) if p.train_metric else
                  training_objective(job, ctx.policy))
-        if val is None or train is None or val is train:
+        if train is None or val is train:
             return []
-        ok = np.isfinite(val.value)
-        v = val.value[ok]
-        if len(v) < 2 + p.points or float(v.min()) <= 0:
-            return []
-        level = rolling_median3(v)
-        best = np.minimum.accumulate(level)
-        high = level >= p.factor * best
-        # Only a climb that is still going on as of the last evaluation.
-        if not high[-p.points:].all():
-            return []
-        idx = np.flatnonzero(ok)
-        best_at = int(idx[int(np.argmin(v[: len(v) - p.points]))])  # the best evaluation
-        start = len(high) - int(np.argmin(high[::-1])) if not high.all() else 0
-        fell = _train_fell(train, float(val.step[best_at]), float(val.time[best_at]))
+        best_at = held.best_at
+        finite = tracked(ctx.state, "finite:" + train.name, train, _Finite)
+        finite.read(train)
+        fell = _train_fell(train, float(val.step[best_at]), float(val.time[best_at]),
+                           finite.nonfinite == 0)
         if fell is None:
             return []
         then, now = fell
@@ -72,31 +161,36 @@ class Overfit(Rule):
         where = f"step {best_step:g}" if best_step is not None else f"record {best_at}"
         return [Finding(
             job_id=job.id, rule=self.name, severity=Severity.WARNING,
-            message=(f"{val.name} climbed to {level[-1] / best[-1]:.1f}x its best "
+            message=(f"{val.name} climbed to {held.level / held.best:.1f}x its best "
                      f"({float(val.value[best_at]):.4g} at {where}) while {train.name} fell "
                      f"{then:.4g} -> {now:.4g}: overfitting; the best checkpoint is at {where}"),
             started_at=float(val.time[best_at]), step=best_step,
             evidence={"kind": "overfit", "metric": val.name, "train_metric": train.name,
                       "best_value": float(val.value[best_at]), "best_step": best_step,
-                      "level": float(level[-1]), "ratio": float(level[-1] / best[-1]),
-                      "climbing_since_step": float(val.step[idx[min(start, len(idx) - 1)]]),
+                      "level": held.level, "ratio": held.level / held.best,
+                      "climbing_since_step": float(val.step[held.since]),
                       "train_then": then, "train_now": now},
         )]
 
 
-def _train_fell(train: Series, step: float, time: float) -> tuple[float, float] | None:
+def _train_fell(train: Series, step: float, time: float,
+                all_finite: bool) -> tuple[float, float] | None:
     """(training level around the best evaluation, training level now) when it is lower
     now; None when it is not, or there is too little to tell."""
-    ok = np.isfinite(train.value)
-    if ok.sum() < 3:
+    t, s, v = train.time, train.step, train.value
+    if not all_finite:  # judged on its finite values (all of them: a rare case)
+        ok = np.isfinite(train.value)
+        t, s, v = t[ok], s[ok], v[ok]
+    if len(v) < 3:
         return None
-    t, s, v = train.time[ok], train.step[ok], train.value[ok]
     # Where the best evaluation happened, on the training loss's own records.
     at = int(np.searchsorted(s, step, side="left")) if np.isfinite(step) else int(
         np.searchsorted(t, time, side="left"))
     at = min(at, len(v) - 1)
+    if at >= len(v) - 2:
+        return None
     then = median(v[max(at - 1, 0): at + 2])
     now = median(v[-3:])
-    if at >= len(v) - 2 or not now < then:
+    if not now < then:
         return None
     return then, now
