@@ -15,17 +15,19 @@ jobs have, the SDKs being absent there too (tests/test_launch.py uses the real S
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from tests.wheel_build import wheel
+from tests.wheel_build import ROOT, wheel
 from trainguard.cli import app
 from trainguard.launch import azureml, kubeflow
 from trainguard.launch import sagemaker as sm
@@ -223,3 +225,23 @@ def test_shipped_sagemaker_definitions_are_the_text_readers() -> None:
         f"trainguard/launch/{sm.DEFINITIONS_FILE} is stale: run "
         "python -m trainguard.launch.sagemaker")
     assert sm.metric_definitions() == shipped["definitions"]
+
+
+def test_a_callback_module_needs_only_its_framework() -> None:
+    """Importing a callback or launch module loads no other part of trainguard (not the
+    checker, the adapters, the config or the CLI, nor their dependencies through them)."""
+    for framework in ("transformers", "lightning"):  # found, not imported here (slow)
+        if importlib.util.find_spec(framework) is None:
+            pytest.skip(f"{framework} is not installed: pip install 'trainguard[train]'")
+    code = ("import sys, json\n"
+            "import trainguard.callbacks.hf, trainguard.callbacks.lightning\n"
+            "import trainguard.launch.sagemaker, trainguard.launch.azureml, "
+            "trainguard.launch.kubeflow\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('trainguard'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert [m for m in loaded if m != "trainguard"
+            and m.split(".")[1] not in ("emit", "callbacks", "launch")] == []
+    assert {"trainguard.callbacks.hf", "trainguard.callbacks.lightning"} <= set(loaded)
