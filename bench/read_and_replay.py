@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainguard.adapters.local import load_run  # noqa: E402
 from trainguard.checker.evaluate import build_rules  # noqa: E402
-from trainguard.policy import default_policy  # noqa: E402
+from trainguard.config import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
 
 

@@ -40,7 +40,7 @@ from trainguard.checker.evaluate import build_rules  # noqa: E402
 from trainguard.checker.follow import Followers  # noqa: E402
 from trainguard.checker.model import Finding, Job, JobState, Series, Severity  # noqa: E402
 from trainguard.checker.rules.base import Context, Rule  # noqa: E402
-from trainguard.policy import default_policy  # noqa: E402
+from trainguard.config import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
 
 

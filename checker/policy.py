@@ -1,5 +1,8 @@
-"""What a policy says, as plain dataclasses. The YAML loader that validates a file
-into these lives in ``trainguard.policy`` (pydantic), so this package needs numpy only.
+"""What a policy says, as plain dataclasses, and every default a policy has: written
+once, here. The YAML loader that validates a file into these lives in
+``trainguard.config.policy`` (pydantic) and takes its defaults from these dataclasses;
+``config/default-policy.yaml`` restates them for people, and a test holds it to them.
+This package needs numpy only.
 """
 
 from __future__ import annotations

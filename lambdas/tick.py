@@ -175,14 +175,6 @@ class _Seen:
     findings: list[Finding] = field(default_factory=list)
 
 
-def effective_policy(policy: Policy, stop_enabled: bool) -> Policy:
-    """The policy as a deployment may run it: in dry run unless the deployment enables
-    stops too (the environment's ``stop_enabled``), whatever the policy says."""
-    if stop_enabled or policy.safety.dry_run:
-        return policy
-    return dataclasses.replace(policy, safety=dataclasses.replace(policy.safety, dry_run=True))
-
-
 def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
          sinks: Sequence[AlarmSink], now: float, rules: list[Rule] | None = None,
          remind_every_s: float = REMIND_EVERY_S,

@@ -48,6 +48,7 @@ from constructs import Construct
 from trainguard.checker.logship import cloudwatch_pattern
 from trainguard.checker.model import Action, Severity
 from trainguard.checker.registry import rule_names
+from trainguard.config.settings.aws import Settings as AwsSettings
 from trainguard.stacks import package
 from trainguard.stacks.base import covers, local_state
 from trainguard.stacks.environment import AwsEnvironment, Environment, TrainingLogGroup
@@ -254,12 +255,11 @@ class AwsStack(TerraformStack):
             logging_config=LambdaFunctionLoggingConfig(log_format="JSON",
                                                        log_group=log_group.name),
             environment=LambdaFunctionEnvironment(variables={
-                "TRAINGUARD_ENVIRONMENT": spec.name,
-                "TRAINGUARD_POLICY": package.POLICY_NAME,
-                "TRAINGUARD_STATE_TABLE": self.table.name,
-                "TRAINGUARD_TOPIC_ARN": self.topic.arn,
-                "TRAINGUARD_STOP_ENABLED": "true" if stop else "false",
-                "TRAINGUARD_STOP_TAG": f"{spec.stop_tag.key}={spec.stop_tag_value}",
+                **AwsSettings(
+                    table=self.table.name, region=spec.region, topic_arn=self.topic.arn,
+                    policy=package.POLICY_NAME, stop_enabled=stop,
+                    stop_tag=(spec.stop_tag.key, spec.stop_tag_value), environment=spec.name,
+                    interval_s=spec.tick.tick_seconds()).to_env(),
                 "POWERTOOLS_SERVICE_NAME": "trainguard",
                 "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
             }),

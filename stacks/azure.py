@@ -73,6 +73,7 @@ from trainguard.checker.model import Action, Severity
 from trainguard.checker.registry import rule_names
 from trainguard.checker.signatures import SIGNATURES
 from trainguard.stacks import package
+from trainguard.config.settings.azure import Settings as AzureSettings
 from trainguard.stacks.base import covers, local_state
 from trainguard.stacks.environment import AzureEnvironment, Environment, Webhook
 
@@ -211,25 +212,25 @@ class AzureStack(TerraformStack):
                 "ENABLE_ORYX_BUILD": "false",
                 "WEBSITE_RUN_FROM_PACKAGE": blob.url,
                 "WEBSITE_RUN_FROM_PACKAGE_BLOB_MI_RESOURCE_ID": "SystemAssigned",
-                "TRAINGUARD_POLICY": package.POLICY_NAME,
-                # The timer trigger reads its NCRONTAB schedule from this setting.
-                "TRAINGUARD_SCHEDULE": spec.tick.ncrontab(),
-                "TRAINGUARD_STATE_TABLE_URL":
-                    f"{self.storage.primary_table_endpoint}{self.table.name}",
-                "TRAINGUARD_STOP_ENABLED": "true" if spec.stop_enabled else "false",
-                "TRAINGUARD_SUBSCRIPTION": spec.subscription,
-                "TRAINGUARD_ML_RESOURCE_GROUP": spec.ml_workspace.resource_group,
-                "TRAINGUARD_ML_WORKSPACE": spec.ml_workspace.name,
-                # Findings are posted as custom metrics on Application Insights, which
-                # the metric alerts watch.
-                "TRAINGUARD_METRICS_RESOURCE_ID": self.insights.id,
-                "TRAINGUARD_METRICS_REGION": self.group.location,
-                # The message a person reads, to the environment's first webhook (the
-                # Action Group's alerts say which rule fires, this says which job).
-                # A Key Vault reference: the app resolves it with its identity; the URL
-                # itself is in neither the repository nor the app's settings.
-                **({"TRAINGUARD_WEBHOOK_URL": key_vault_reference(webhooks[0])}
-                   if webhooks else {}),
+                **AzureSettings(
+                    policy=package.POLICY_NAME,
+                    # The timer trigger reads its NCRONTAB schedule from this setting.
+                    schedule=spec.tick.ncrontab(),
+                    interval_s=spec.tick.tick_seconds(),
+                    table_url=f"{self.storage.primary_table_endpoint}{self.table.name}",
+                    stop_enabled=spec.stop_enabled, subscription=spec.subscription,
+                    resource_group=spec.ml_workspace.resource_group,
+                    workspace=spec.ml_workspace.name,
+                    # Findings are posted as custom metrics on Application Insights, which
+                    # the metric alerts watch.
+                    metrics_resource_id=self.insights.id,
+                    metrics_region=self.group.location,
+                    # The message a person reads, to the environment's first webhook (the
+                    # Action Group's alerts say which rule fires, this says which job).
+                    # A Key Vault reference: the app resolves it with its identity; the
+                    # URL itself is in neither the repository nor the app's settings.
+                    webhook_url=key_vault_reference(webhooks[0]) if webhooks else None,
+                ).to_env(),
             },
             tags=self.tags)
 

@@ -5,7 +5,7 @@ is ``environments/aws-dev.yaml``), a ``cloud`` (``aws``, ``azure`` or ``openshif
 a ``schedule`` (``rate(N minutes)`` or ``cron(M H DOM MON DOW)``, five standard fields,
 UTC), a ``policy`` (a policy file, relative to the repository), ``alarms``
 (``emails`` and ``webhooks``) and ``stop_enabled``. Each cloud adds its own fields
-(see the models below). The policy is loaded with ``trainguard.policy.load_policy``, so
+(see the models below). The policy is loaded with ``trainguard.config.load_policy``, so
 a bad policy fails synth with its own file and line.
 
 Every problem is reported as ``FILE:LINE: FIELD: reason``, all at once.
@@ -23,15 +23,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainguard.checker.policy import Policy
-from trainguard.policy import (
+from trainguard.config import (
     Loc,
     PolicyError,
     Problem,
-    _dotted,
-    _line_of,
-    _parse,
-    _problems,
+    dotted,
+    line_of,
     load_policy,
+    load_yaml,
+    validation_problems,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +141,22 @@ class Schedule:
         week.sort()
         gaps = [b - a for a, b in itertools.pairwise(week)]
         return max([*gaps, week[0] + 7 * 1440 - week[-1]])
+
+
+    def tick_seconds(self) -> float:
+        """The usual wait between two ticks, in seconds: what the runtimes tell the tick
+        (``interval_s``), so that a finding must persist over time and a retried
+        invocation does not count twice. For a cron, the shortest gap: the longest
+        (a weekend) would make every weekday tick look like a retry."""
+        if self.minutes is not None:
+            return self.minutes * 60.0
+        mi, h, _dom, _mon, dow = (self.cron or "").split()
+        week = sorted(d * 1440 + hh * 60 + m for d in _expand(dow, 0, 7, sunday=True)
+                      for hh in _expand(h, 0, 23) for m in _expand(mi, 0, 59))
+        if not week:
+            raise ValueError(f"cron({self.cron}) never fires")
+        gaps = [b - a for a, b in itertools.pairwise(week)] + [week[0] + 7 * 1440 - week[-1]]
+        return min(gaps) * 60.0
 
 
 #: EventBridge's day-of-week names in its own order: it counts 1-7 from Sunday (SUN=1),
@@ -478,6 +494,11 @@ class OpenshiftEnvironment(Common):
     admission_policy: bool = False
     state: Literal["configmap", "sqlite"] = "configmap"
     state_volume: StateVolume = Field(default_factory=StateVolume)
+    #: the Grafana dashboard in the OpenShift console (Observe > Dashboards)
+    console_dashboard: bool = True
+    #: labels of the grafana-operator's Grafana instances that import the dashboard (a
+    #: GrafanaDashboard); none: no GrafanaDashboard (it needs the operator's CRD)
+    grafana_instance_labels: dict[str, str] | None = None
 
 
 #: cloud name -> its environment model
@@ -516,7 +537,7 @@ def _cross_checks(spec: Common, path: Path, lines: dict[Loc, int], filename: str
     out: list[Problem] = []
 
     def problem(loc: Loc, reason: str) -> None:
-        out.append(Problem(filename, _line_of(loc, lines), _dotted(loc), reason))
+        out.append(Problem(filename, line_of(loc, lines), dotted(loc), reason))
 
     if spec.name != path.stem:
         problem(("name",), f"must equal the file name '{path.stem}' "
@@ -560,7 +581,7 @@ def _policy_checks(spec: Common, policy: Policy, lines: dict[Loc, int], filename
     tag = policy.safety.protect_tag
     if isinstance(spec, OpenshiftEnvironment) and tag != DEFAULT_PROTECT_TAG \
             and not label_safe(tag):
-        return [Problem(filename, _line_of(("policy",), lines), "policy",
+        return [Problem(filename, line_of(("policy",), lines), "policy",
                         f"{spec.policy}: safety.protect_tag {tag!r} cannot be a Kubernetes "
                         f"label key, so no job could carry it: use a label key such as "
                         f"'example.com/protect', or the default {DEFAULT_PROTECT_TAG!r} "
@@ -579,7 +600,7 @@ def load_environment(path: str | Path, root: Path = ROOT) -> Environment:
         raise EnvironmentFileError([Problem(filename, None, "", "cannot read the environment "
                                          f"file: {e.strerror or e}")]) from None
     try:
-        data, lines = _parse(text, filename)
+        data, lines = load_yaml(text, filename)
     except PolicyError as e:
         raise EnvironmentFileError(e.problems) from None
     if not isinstance(data, dict):
@@ -589,27 +610,27 @@ def load_environment(path: str | Path, root: Path = ROOT) -> Environment:
     model = CLOUDS.get(cloud) if isinstance(cloud, str) else None
     if model is None:
         raise EnvironmentFileError([Problem(
-            filename, _line_of(("cloud",), lines), "cloud",
+            filename, line_of(("cloud",), lines), "cloud",
             f"expected one of {', '.join(sorted(CLOUDS))}, got {cloud!r}")])
     body = {k: v for k, v in data.items() if k != "cloud"}
     try:
         spec = model.model_validate(body)
     except ValidationError as e:
-        raise EnvironmentFileError(_problems(e, model, (), filename, lines)) from None
+        raise EnvironmentFileError(validation_problems(e, model, (), filename, lines)) from None
     problems = _cross_checks(spec, path, lines, filename)
     policy_path = (root / spec.policy).resolve()
     policy: Policy | None = None
     if not policy_path.is_relative_to(root.resolve()):
-        problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+        problems.append(Problem(filename, line_of(("policy",), lines), "policy",
                                 "must be a file inside the repository (it is packaged)"))
     elif not policy_path.is_file():
-        problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+        problems.append(Problem(filename, line_of(("policy",), lines), "policy",
                                 f"no such file: {spec.policy} (relative to the repository)"))
     else:
         try:
             policy = load_policy(policy_path)
         except PolicyError as e:
-            problems.append(Problem(filename, _line_of(("policy",), lines), "policy",
+            problems.append(Problem(filename, line_of(("policy",), lines), "policy",
                                     f"{spec.policy} is not a valid policy (below)"))
             problems.extend(Problem(_display(Path(p.file)), p.line, p.field, p.reason)
                             for p in e.problems)

@@ -52,6 +52,7 @@ from constructs import Construct
 
 from trainguard.checker.logship import fluentbit_rewrite_rules, logql_rule
 from trainguard.checker.signatures import SIGNATURES
+from trainguard.config.settings.k8s import Settings as K8sSettings
 from trainguard.stacks import admission
 from trainguard.stacks.base import local_state
 from trainguard.stacks.environment import Environment, OpenshiftEnvironment
@@ -94,22 +95,16 @@ def job_verbs(spec: OpenshiftEnvironment) -> list[str]:
 def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
     """The CronJob's environment: every option of ``lambdas/k8s/cronjob.py`` the
     deployment decides (the rest keep the entry point's defaults)."""
-    state = ({"TRAINGUARD_STATE_SQLITE": f"{STATE_MOUNT}/{STATE_FILE}"}
-             if spec.state == "sqlite" else
-             {"TRAINGUARD_STATE_CONFIGMAP": f"{spec.namespace}/{STATE_CONFIGMAP}"})
-    optional = {"TRAINGUARD_PUSHGATEWAY_URL": spec.pushgateway_url,
-                "TRAINGUARD_CONSOLE_URL": spec.console_url}
-    return {
-        "TRAINGUARD_ENVIRONMENT": spec.name,
-        "TRAINGUARD_POLICY": f"{POLICY_MOUNT}/policy.yaml",
-        "TRAINGUARD_CLUSTER": spec.cluster,
-        "TRAINGUARD_NAMESPACES": ",".join(spec.watch_namespaces),
-        **state,
-        "TRAINGUARD_STOP_ENABLED": "true" if spec.stop_enabled else "false",
-        "TRAINGUARD_STOP_MODE": spec.stop_mode,
-        "TRAINGUARD_REMIND_EVERY": str(spec.remind_every_minutes * 60),
-        "TRAINGUARD_PROMETHEUS_URL": spec.prometheus_url,
-        "TRAINGUARD_ALERTMANAGER_URL": spec.alertmanager_url,
+    sqlite = spec.state == "sqlite"
+    return K8sSettings(
+        environment=spec.name, policy=f"{POLICY_MOUNT}/policy.yaml", cluster=spec.cluster,
+        namespaces=",".join(spec.watch_namespaces),
+        state_sqlite=f"{STATE_MOUNT}/{STATE_FILE}" if sqlite else None,
+        state_configmap=None if sqlite else f"{spec.namespace}/{STATE_CONFIGMAP}",
+        stop_enabled=spec.stop_enabled, stop_mode=spec.stop_mode,
+        interval_s=spec.tick.tick_seconds(),
+        remind_every=spec.remind_every_minutes * 60.0,
+        prometheus_url=spec.prometheus_url, alertmanager_url=spec.alertmanager_url,
         # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
         "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
         "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",

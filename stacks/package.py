@@ -32,9 +32,9 @@ HANDLER = "trainguard.lambdas.aws.handler"  # the Lambda's handler: the module's
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--only-binary=:all:",
             "--python-version", "3.11", "--implementation", "cp")
 
-#: the repository's code in both packages: folders whole, single files, and data
-CODE = ("checker", "adapters", "lambdas", "trainguard/__init__.py", "trainguard/policy.py",
-        "trainguard/data")
+#: the repository's code in both packages: the runtimes and the layers under them, whole
+#: (config holds the policy loader and the default policy), and the package's __init__
+CODE = ("checker", "adapters", "config", "lambdas", "trainguard/__init__.py")
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _SKIP_PARTS = {"__pycache__", "tests"}  # bytecode and the wheels' own test suites
 

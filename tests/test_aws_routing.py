@@ -54,22 +54,23 @@ def test_settings_read_every_variable() -> None:
         f"{s.SAGEMAKER_ENV_PREFIX}MAX_ATTEMPTS": "8"})
     assert got == s.Settings(
         table="state", topic_arn="arn:topic", region="eu-west-1",
-        policy_path=Path("/etc/p.yaml"), stop_enabled=True,
+        policy="/etc/p.yaml", stop_enabled=True,
         stop_tag=("trainguard:stop", "allow"), environment="dev",
-        sagemaker={"region": "eu-west-1", "max_attempts": "8"}, idempotency_ttl_s=60)
+        sagemaker={"max_attempts": "8"}, idempotency_ttl_s=60)
+    assert s.policy_path(got) == Path("/etc/p.yaml")
     default = s.Settings.from_env(ENV)
-    assert default.policy_path == s.PACKAGE_ROOT / "policy.yaml"
+    assert s.policy_path(default) == s.PACKAGE_ROOT / "policy.yaml"
     assert (default.topic_arn, default.stop_enabled, default.stop_tag) == (None, False, None)
 
 
 @pytest.mark.parametrize(("env", "message"), [
     ({s.REGION_ENV: "eu-west-1"}, "TRAINGUARD_STATE_TABLE is not set"),
     ({s.STATE_TABLE_ENV: "state"}, "AWS_REGION is not set"),
-    ({**ENV, s.STOP_ENABLED_ENV: "yes"}, "TRAINGUARD_STOP_ENABLED='yes': must be true or"),
+    ({**ENV, s.STOP_ENABLED_ENV: "yess"}, "TRAINGUARD_STOP_ENABLED='yess': expected one of"),
     # the stop tag is checked before the TTL: the first bad variable is the one named
     ({**ENV, s.STOP_TAG_ENV: "=x", s.IDEMPOTENCY_TTL_ENV: "0"},
      "TRAINGUARD_STOP_TAG='=x': must be KEY=VALUE"),
-    ({**ENV, s.IDEMPOTENCY_TTL_ENV: "0"}, "TRAINGUARD_IDEMPOTENCY_TTL_S='0': must be a"),
+    ({**ENV, s.IDEMPOTENCY_TTL_ENV: "0"}, "TRAINGUARD_IDEMPOTENCY_TTL_S='0': must be a positive"),
 ])
 def test_a_bad_variable_is_named_in_the_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(s.ConfigError, match=message):

@@ -622,7 +622,7 @@ def test_real_events_match_the_stacks_event_pattern(moto_url: str,
 @pytest.mark.slow
 def test_package_imports_the_handler_with_only_its_zip_and_boto3(tmp_path: Path) -> None:
     from trainguard.stacks import package
-    policy_file = ROOT / "trainguard" / "data" / "default-policy.yaml"
+    policy_file = ROOT / "config" / "default-policy.yaml"
     try:
         pkg = package.build(policy_file, tmp_path / "lambda.zip")
     except RuntimeError as e:
@@ -639,7 +639,7 @@ def test_package_imports_the_handler_with_only_its_zip_and_boto3(tmp_path: Path)
         (runtime / name).symlink_to(folder)
     (runtime / "six.py").symlink_to(importlib.import_module("six").__file__ or "")
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-            "import importlib, lambdas.aws as p\n"
+            "import importlib, trainguard.lambdas.aws as p\n"
             "m = importlib.import_module('trainguard.lambdas.aws.handler')\n"
             "assert callable(p.handler) and p.handler is m.handler\n"
             "assert m.PACKAGE_ROOT.joinpath('policy.yaml').is_file()\n"
@@ -648,13 +648,14 @@ def test_package_imports_the_handler_with_only_its_zip_and_boto3(tmp_path: Path)
             "print('ok', m.handler.__module__)\n")
     env = {"PATH": os.environ.get("PATH", ""), "AWS_REGION": REGION}
     done = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(task), str(runtime)],
-                          capture_output=True, text=True, env=env, check=False, timeout=120)
+                          capture_output=True, text=True, env=env, check=False, timeout=120,
+                          cwd=tmp_path)  # not the repository: only the zip is importable
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "ok lambdas.aws.handler"
+    assert done.stdout.strip() == "ok trainguard.lambdas.aws.handler"
 
 
 def test_policy_action_for_logs_critical_is_stop_in_the_test_policy(tmp_path: Path) -> None:
     """The fixture's policy is what the handler tests rely on: logs critical -> stop."""
-    from trainguard.policy import load_policy_text
+    from trainguard.config import load_policy_text
     pol = load_policy_text(POLICY.format(dry_run="false", cap=2, persist=1))
     assert pol.rule("logs").actions[Severity.CRITICAL] is Action.STOP

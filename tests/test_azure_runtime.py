@@ -45,6 +45,7 @@ from tests.contract.case_azureml import (
 )
 from tests.servers import Server, azurite, azurite_connection, azurite_table
 from trainguard.checker.policy import Policy
+from trainguard.config import PolicyError, load_policy_text
 from trainguard.lambdas.azure import function_app
 from trainguard.lambdas.azure.sinks import (
     METRIC_NAME,
@@ -55,7 +56,6 @@ from trainguard.lambdas.azure.sinks import (
 from trainguard.lambdas.azure.table_state import TableStore
 from trainguard.lambdas.state import AuditAction, JobMemory, StateStoreError
 from trainguard.lambdas.tick import TickReport, tick
-from trainguard.policy import PolicyError, load_policy_text
 
 __all__ = ["azurite"]  # the session fixture, imported for pytest
 

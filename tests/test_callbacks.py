@@ -22,8 +22,8 @@ datasets = pytest.importorskip("sklearn.datasets",
 from trainguard.adapters.local import load_run  # noqa: E402
 from trainguard.checker.evaluate import evaluate  # noqa: E402
 from trainguard.cli import app  # noqa: E402
+from trainguard.config import default_policy  # noqa: E402
 from trainguard.emit import Emitter  # noqa: E402
-from trainguard.policy import default_policy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 runner = CliRunner(env={"COLUMNS": "200"})

@@ -18,7 +18,7 @@ from trainguard.adapters.local import load_runs
 from trainguard.checker.evaluate import build_rules
 from trainguard.checker.model import verdict
 from trainguard.cli import app, judge_finished
-from trainguard.policy import default_policy
+from trainguard.config import default_policy
 from trainguard.replay import first_record, replay
 from trainguard.report import Run
 

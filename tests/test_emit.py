@@ -22,8 +22,8 @@ from trainguard.adapters.local import load_run
 from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS, emit_definition
 from trainguard.checker.evaluate import evaluate
 from trainguard.cli import app
+from trainguard.config import default_policy
 from trainguard.emit import Emitter, PrometheusSink, sinks_from_env
-from trainguard.policy import default_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 

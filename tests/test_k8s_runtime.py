@@ -393,18 +393,18 @@ def test_environment_wins_over_the_config_file(tmp_path: Path) -> None:
     config = tmp_path / "trainguard.yaml"
     config.write_text("namespaces: [a, b]\nstop_enabled: true\nremind_every: 600\n")
     opts = load_options({"TRAINGUARD_STOP_ENABLED": "no"}, str(config))
-    assert opts.get("namespaces") == "a,b"
-    assert opts.get("stop_enabled") is False
-    assert opts.get("remind_every") == 600.0
+    assert opts.namespaces == "a,b"
+    assert opts.stop_enabled is False
+    assert opts.remind_every == 600.0
 
 
 @pytest.mark.parametrize(("text", "env", "message"), [
     ("namespace: a\n", {}, r"trainguard\.yaml: namespace: unknown option"),
-    ("remind_every: soon\n", {}, r"trainguard\.yaml: remind_every: could not convert"),
+    ("remind_every: soon\n", {}, r"trainguard\.yaml: remind_every='soon': expected a number"),
     ("", {"TRAINGUARD_STOP_ENABLED": "maybe"},
-     r"environment TRAINGUARD_STOP_ENABLED: expected true or false, got 'maybe'"),
+     r"TRAINGUARD_STOP_ENABLED='maybe': expected one of true/yes/1/on/false/no/0/off"),
     ("", {"TRAINGUARD_STOP_MODE": "kill"},
-     r"environment TRAINGUARD_STOP_MODE: expected suspend or delete"),
+     r"TRAINGUARD_STOP_MODE='kill': expected suspend or delete"),
 ])
 def test_bad_options_name_where_they_came_from(tmp_path: Path, text: str, env: dict[str, str],
                                                message: str) -> None:

@@ -15,7 +15,7 @@ from trainguard.checker.model import Action, Finding, Job, Severity
 from trainguard.checker.policy import AccountBudget, Policy
 from trainguard.checker.registry import RULES
 from trainguard.checker.rules.base import Context, Rule, param
-from trainguard.policy import (
+from trainguard.config import (
     PolicyError,
     default_policy,
     load_policy,
@@ -269,7 +269,7 @@ def test_default_policy_is_documented_dry_run_and_notify_only() -> None:
     policy = default_policy()
     assert policy.safety.dry_run is True
     assert all(a is not Action.STOP for cfg in policy.rules.values() for a in cfg.actions.values())
-    lines = (ROOT / "trainguard" / "data" / "default-policy.yaml").read_text().splitlines()
+    lines = (ROOT / "config" / "default-policy.yaml").read_text().splitlines()
     for key in ("dry_run", "max_stops_per_tick", "protect_tag", "persist_ticks", "region",
                 "prices", "gpu_hour_usd", "default_hourly_usd", "per_job_usd", "alert_at",
                 "accounts", "metrics", "rules"):

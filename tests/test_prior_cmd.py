@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from trainguard.checker import Job, Series, Severity, evaluate
 from trainguard.cli import app
-from trainguard.policy import load_policy_text
+from trainguard.config import load_policy_text
 
 
 def write_run(path: Path, final: float, planned: int = 1000, seed: int = 0) -> None:

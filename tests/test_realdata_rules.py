@@ -17,7 +17,7 @@ import pytest
 from trainguard.adapters.local import load_run
 from trainguard.checker import Job, Severity, evaluate
 from trainguard.checker.evaluate import build_rules
-from trainguard.policy import default_policy
+from trainguard.config import default_policy
 
 pytestmark = pytest.mark.realdata
 JUDGED = {"divergence", "plateau", "stall"}

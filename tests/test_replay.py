@@ -197,7 +197,7 @@ def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
     """On real runs of both corpora, with the default policy."""
     from trainguard.adapters.local import load_run
     from trainguard.bench.labels import read_labels
-    from trainguard.policy import default_policy
+    from trainguard.config import default_policy
 
     runs = curves_dir.parent / "runs"
     if not (runs / "labels.csv").exists():

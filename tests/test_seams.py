@@ -92,15 +92,11 @@ AWS_PLATFORM = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION"})  # set by Lambda,
 
 
 def aws_reads() -> set[str]:
-    """The variables lambdas/aws/settings.py reads: its ``*_ENV`` constants that some
-    ``env.get(NAME, ...)`` passes (a constant nothing reads is not counted)."""
-    module = tree(AWS_SETTINGS)
-    constants = {t.id: n.value.value for n in module.body if isinstance(n, ast.Assign)
-                 for t in n.targets if isinstance(t, ast.Name) and t.id.endswith("_ENV")
-                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
-    read = {c.args[0].id for c in calls(module) if isinstance(c.func, ast.Attribute)
-            and c.func.attr == "get" and c.args and isinstance(c.args[0], ast.Name)}
-    return {value for name, value in constants.items() if name in read}
+    """The variables the Lambda's ``Settings.from_env`` reads (config/settings/aws.py,
+    the one list of them; tests/test_settings.py holds the parse to it)."""
+    from trainguard.config.settings import aws
+
+    return set(aws.KNOWN)
 
 
 def aws_python_files() -> list[Path]:
@@ -226,6 +222,7 @@ def test_aws_table_ttl_is_the_attribute_the_runtime_writes(stacks: dict[str, Sta
 def test_aws_alarms_and_dashboard_read_the_metrics_the_lambda_emits(
         stacks: dict[str, Stack]) -> None:
     from trainguard.checker.model import Finding, Job, JobState, Severity
+    from trainguard.config import default_policy
     from trainguard.lambdas.aws import sinks
     from trainguard.policy import default_policy
     from trainguard.stacks import aws
@@ -280,14 +277,13 @@ AZURE_DEFAULTS = {
 
 
 def azure_reads() -> set[str]:
-    """``Settings.from_env``'s ``get("NAME")``/``need("NAME")`` (prefixed), and the
-    ``%NAME%`` the timer trigger's schedule names (the host reads that one)."""
+    """``Settings.from_env``'s names (config/settings/azure.py), and the ``%NAME%`` the
+    timer trigger's schedule names (the host reads that one)."""
+    from trainguard.config.settings.azure import NAMES
     from trainguard.lambdas.azure.function_app import PREFIX
 
     module = tree(AZURE_APP)
-    fn = function(module, "from_env", "Settings")
-    names = {PREFIX + name for c in calls(fn) if isinstance(c.func, ast.Name)
-             and c.func.id in ("get", "need") and (name := first_str(c)) is not None}
+    names = {PREFIX + name for name in NAMES.values()}
     for c in calls(module):
         for k in c.keywords:
             if k.arg == "schedule" and isinstance(k.value, ast.Constant):
@@ -402,8 +398,9 @@ def test_azure_function_package_runs_the_function(stacks: dict[str, Stack], outd
         assert zf.read("policy.yaml") == env.policy_path.read_bytes()
         for path in [*sorted((ROOT / "lambdas").rglob("*.py")),
                      *sorted((ROOT / "adapters").rglob("*.py")),
-                     ROOT / "trainguard" / "policy.py"]:
-            rel = path.relative_to(ROOT).as_posix()
+                     *sorted((ROOT / "config").rglob("*.py")),
+                     ROOT / "config" / "default-policy.yaml"]:
+            rel = f"trainguard/{path.relative_to(ROOT).as_posix()}"  # one namespace
             assert zf.read(rel) == path.read_bytes(), f"{rel} is not this commit's"
         site = package.FUNCTION_SITE
         for top in ("numpy/", "yaml/", "pydantic/", "azure/ai/ml/", "azure/identity/",
@@ -487,8 +484,8 @@ def test_cronjob_env_is_what_the_entry_point_reads(stacks: dict[str, Stack]) -> 
     # the entry point parses every value the stack gives it
     for given in (env, variant):
         opts = load_options(given)
-        assert opts.get("remind_every") == 360 * 60.0
-        assert opts.get("stop_enabled") is True and opts.get("stop_mode") == "suspend"
+        assert opts.remind_every == 360 * 60.0
+        assert opts.stop_enabled is True and opts.stop_mode == "suspend"
     assert env["TRAINGUARD_PROMETHEUS_TOKEN_FILE"] == \
         "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert env["TRAINGUARD_ALERTMANAGER_CA_FILE"] == \
@@ -635,7 +632,7 @@ policy: {policy}
 
 def test_openshift_protect_tag_must_be_a_label_key(tmp_path: Path) -> None:
     from trainguard.adapters.kubeflow.adapter import LABEL_PREFIX, TAG_PREFIX
-    from trainguard.policy import default_policy
+    from trainguard.config import default_policy
 
     # the default is the tag the Kubeflow adapter reads from the label trainguard.io/protect
     assert default_policy().safety.protect_tag == DEFAULT_PROTECT_TAG

@@ -24,13 +24,13 @@ from trainguard.adapters.azureml.adapter import AzureMLAdapter
 from trainguard.adapters.sagemaker.adapter import SageMakerAdapter
 from trainguard.checker.model import Action, Finding, Job, Severity
 from trainguard.checker.policy import Policy, Safety
+from trainguard.config import PolicyError, load_policy
 from trainguard.lambdas import trust
 from trainguard.lambdas.azure.sinks import WebhookSink
 from trainguard.lambdas.k8s.sinks import AlertmanagerSink
 from trainguard.lambdas.message import render
 from trainguard.lambdas.state import FindingMemory
 from trainguard.lambdas.tick import AlarmEvent
-from trainguard.policy import PolicyError, load_policy
 
 FORGED_NAME = ("resnet <!channel> [open](https://evil.example)\nWhat the watchdog did: "
                "STOPPED\x1b[2J\u202egnp.exe")

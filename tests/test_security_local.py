@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 
-from trainguard.lambdas.local import Process
+from trainguard.adapters.local.pidguard import PidHandle, start_time
+from trainguard.adapters.local.process import Process
 from trainguard.lambdas.message import clean
-from trainguard.lambdas.pidguard import PidHandle, start_time
 
 
 def sleeper() -> subprocess.Popen[bytes]:

@@ -391,7 +391,7 @@ def test_warning_turning_critical_raises_again_and_persistence_counts_stop_ticks
 
 
 def test_a_deployment_without_stop_enabled_runs_any_policy_in_dry_run() -> None:
-    from trainguard.lambdas.tick import effective_policy
+    from trainguard.config import effective_policy
 
     allows = policy(dry_run=False)
     assert effective_policy(allows, stop_enabled=False).safety.dry_run is True

@@ -166,7 +166,7 @@ def test_elapsed_clock_log_is_judged_on_the_wall_clock(tmp_path: Path) -> None:
     import time as _time
 
     from trainguard.adapters.local import load_run
-    from trainguard.lambdas.local import on_wall_clock
+    from trainguard.adapters.local.clock import on_wall_clock
 
     log = tmp_path / "run.log"
     log.write_text("".join(f"step:{i}/100 train_loss:{3 - i / 100:.3f} train_time:{i * 500}ms "

@@ -163,7 +163,7 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace_period(
 def test_a_process_given_by_pid_is_signalled_alone(tmp_path: Path) -> None:
     """A PID the user gave (not started by the watchdog) may share its group with the
     user's shell: only that process is signalled, never its group."""
-    from trainguard.lambdas.local import Process
+    from trainguard.adapters.local.process import Process
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -215,7 +215,7 @@ def test_a_run_that_went_nan_and_exited_0_is_not_cleared(tmp_path: Path) -> None
 def test_a_short_silence_is_said_in_seconds() -> None:
     from trainguard.checker.evaluate import evaluate
     from trainguard.checker.model import Job, Series
-    from trainguard.policy import default_policy
+    from trainguard.config import default_policy
 
     t = 1_717_000_000.0 + np.arange(30.0)
     job = Job(id="j", series={"step": Series("step", t, t - t[0], t - t[0])})

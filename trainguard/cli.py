@@ -86,7 +86,7 @@ def fail(message: str) -> NoReturn:
 def bad_input() -> Iterator[None]:
     """Turn the errors of reading user input into one line and exit code 2."""
     from trainguard.adapters.local.errors import FormatError
-    from trainguard.policy import PolicyError
+    from trainguard.config import PolicyError
 
     try:
         yield
@@ -101,11 +101,12 @@ def bad_input() -> Iterator[None]:
 # --- inputs -----------------------------------------------------------------------------------
 
 def load_policy(path: Path | None) -> Policy:
-    from trainguard.policy import default_policy
-    from trainguard.policy import load_policy as _load
+    from trainguard.config import runtime_policy
 
     with bad_input():
-        return _load(path) if path is not None else default_policy()
+        # Run on this machine, a policy answers to no deployment switch: its own dry_run
+        # decides (the same loader as the deployed runtimes, with the switch on).
+        return runtime_policy(path, stop_enabled=True)
 
 
 def _definitions(options: list[str] | None) -> list[Any] | None:
@@ -438,10 +439,10 @@ def rules_cmd() -> None:
     report.fit_output(out).print(table)
 
 
-def effective_policy(policy: Policy) -> dict[str, Any]:
+def policy_in_full(policy: Policy) -> dict[str, Any]:
     """The policy as YAML-ready data with every registered rule and every parameter's
     default filled in: what the watchdog will actually use."""
-    from trainguard.policy import policy_to_dict
+    from trainguard.config import policy_to_dict
 
     data = policy_to_dict(policy)
     rules = {}
@@ -461,7 +462,7 @@ def policy_show(file: Annotated[Path | None, typer.Argument(
     """Print the effective policy (defaults filled in) as YAML."""
     import yaml
 
-    typer.echo(yaml.safe_dump(effective_policy(load_policy(file)), sort_keys=False), nl=False)
+    typer.echo(yaml.safe_dump(policy_in_full(load_policy(file)), sort_keys=False), nl=False)
 
 
 @policy_app.command("check")
@@ -531,7 +532,8 @@ def watch(paths: Annotated[list[Path], typer.Argument(help="Run files being writ
     Ctrl-C, with a table of every run's outcome. The processes it started end with it:
     their whole process group, SIGTERM then SIGKILL after the grace period.
     """
-    from trainguard.lambdas.local import Process, end_all, summary_table
+    from trainguard.adapters.local.process import Process, end_all
+    from trainguard.lambdas.local import summary_table
     from trainguard.lambdas.local import watch as run_watch
 
     pol = load_policy(policy)

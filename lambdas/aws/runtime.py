@@ -14,11 +14,11 @@ from aws_lambda_powertools.utilities.idempotency import (
 
 from trainguard.adapters.sagemaker import SageMakerAdapter, from_options
 from trainguard.checker.policy import Policy
+from trainguard.config import runtime_policy
 from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore
-from trainguard.lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings
+from trainguard.lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings, policy_path
 from trainguard.lambdas.aws.sinks import EmfWriter, SnsAlarmSink
-from trainguard.lambdas.tick import AlarmSink, effective_policy
-from trainguard.policy import load_policy
+from trainguard.lambdas.tick import AlarmSink
 
 logger = Logger(service=SERVICE)  # powertools reuses the handler's logger by service name
 
@@ -27,14 +27,12 @@ class Runtime:
     def __init__(self, settings: Settings, session: boto3.Session | None = None) -> None:
         self.settings = settings
         session = session or boto3.Session(region_name=settings.region)
-        policy = load_policy(settings.policy_path)
-        if not settings.stop_enabled and not policy.safety.dry_run:
-            logger.warning(f"the policy allows stops but {STOP_ENABLED_ENV} is false: "
-                           "running in dry run")
-        self.policy: Policy = effective_policy(policy, settings.stop_enabled)
+        self.policy: Policy = runtime_policy(policy_path(settings), settings.stop_enabled,
+                                             warn=logger.warning, switch=STOP_ENABLED_ENV)
         dynamodb = session.client("dynamodb", region_name=settings.region)
         self.store = DynamoDBStore(dynamodb, settings.table)
-        self.adapter: SageMakerAdapter = from_options(settings.sagemaker)
+        self.adapter: SageMakerAdapter = from_options(
+            {"region": settings.region, **settings.sagemaker})
         self.sns = (session.client("sns", region_name=settings.region)
                     if settings.topic_arn else None)
         self.metrics = EmfWriter()

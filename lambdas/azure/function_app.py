@@ -15,7 +15,10 @@ alarm to a webhook. App settings (every name starts with ``TRAINGUARD_``):
 ``ML_RETRIES``              retries on 408/429/5xx (default 4), ``ML_BACKOFF`` their backoff
                             in seconds (default 0.8)
 ``POLICY``                  the policy YAML, relative to the app root; unset: the default policy
-``STOP_ENABLED``            ``true`` lets the policy stop jobs; anything else forces dry run
+``STOP_ENABLED``            ``true`` lets the policy stop jobs (``false``, unset: dry run; a
+                            value not a boolean is a configuration error)
+``INTERVAL_S``              the schedule's interval in seconds (the stack sets it), so that
+                            a finding persists over time, not only over retried ticks
 ``STATE_TABLE_URL``         ``https://ACCOUNT.table.core.windows.net/TABLE`` (managed identity)
 ``STATE_CONNECTION``        or a connection string (Azurite, local runs) with ``STATE_TABLE``
 ``METRICS_RESOURCE_ID``     the resource the metric is published on (the alerts' scope);
@@ -24,6 +27,8 @@ alarm to a webhook. App settings (every name starts with ``TRAINGUARD_``):
 ``WEBHOOK_URL``             optional direct webhook; ``WEBHOOK_MIN_SEVERITY`` (default
                             ``critical``) the least severity sent
 ==========================  ==================================================================
+
+The names and their parsing are ``trainguard.config.settings.azure.Settings``.
 
 A store failure fails the invocation (no stop is made; Application Insights shows the
 failure); so does a tick whose only source could not list its jobs.
@@ -35,8 +40,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,103 +50,41 @@ from azure.core.credentials import TokenCredential
 from trainguard.adapters.azureml import from_options
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Rule
+from trainguard.config import ConfigError, runtime_policy
+from trainguard.config.settings.azure import Settings
+from trainguard.config.settings.base import PREFIX
 from trainguard.lambdas.azure.sinks import FindingsMetrics, WebhookSink
 from trainguard.lambdas.azure.table_state import TableStore
-from trainguard.lambdas.tick import AlarmSink, TickReport, effective_policy, tick
+from trainguard.lambdas.tick import AlarmSink, TickReport, tick
 
 log = logging.getLogger("trainguard.azure")
 
-PREFIX = "TRAINGUARD_"
-DEFAULT_TABLE = "trainguardstate"
-
-
-class ConfigError(ValueError):
-    """An app setting is missing or wrong; the message names it."""
+__all__ = ["PREFIX", "ConfigError", "Settings", "TickFailed", "app", "run", "watchdog"]
 
 
 class TickFailed(RuntimeError):
     """The tick ran but could not see the jobs: the invocation is marked failed."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    subscription: str
-    resource_group: str
-    workspace: str
-    ml_endpoint: str | None = None
-    ml_ca_file: str | None = None
-    ml_retries: str | None = None
-    ml_backoff: str | None = None
-    policy: str | None = None
-    stop_enabled: bool = False
-    table_url: str | None = None
-    table_connection: str | None = None
-    table: str = DEFAULT_TABLE
-    metrics_resource_id: str | None = None
-    metrics_region: str | None = None
-    metrics_endpoint: str | None = None
-    metrics_ca_file: str | None = None
-    webhook_url: str | None = None
-    webhook_min_severity: str = "critical"
+def load_policy(settings: Settings) -> Policy:
+    """The settings' policy as the Function runs it: without ``STOP_ENABLED=true`` in
+    dry run (the identity then holds no cancel right, and a refused stop is never
+    retried). A relative path is against the app root, which the host names."""
+    path: Path | None = None
+    if settings.policy is not None:
+        path = Path(settings.policy)
+        if not path.is_absolute():
+            root = os.environ.get("AzureWebJobsScriptRoot")  # noqa: SIM112
+            path = Path(root or Path.cwd()) / path
+    return runtime_policy(path, settings.stop_enabled, warn=log.warning,
+                          switch=f"{PREFIX}STOP_ENABLED")
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
-        def get(name: str) -> str | None:
-            value = env.get(PREFIX + name, "").strip()
-            return value or None
 
-        def need(name: str) -> str:
-            value = get(name)
-            if value is None:
-                raise ConfigError(f"app setting {PREFIX}{name} is required")
-            return value
-
-        if get("STATE_TABLE_URL") is None and get("STATE_CONNECTION") is None:
-            raise ConfigError(f"app setting {PREFIX}STATE_TABLE_URL (or "
-                              f"{PREFIX}STATE_CONNECTION) is required: where state is kept")
-        has_place = get("METRICS_REGION") or get("METRICS_ENDPOINT")
-        if get("METRICS_RESOURCE_ID") and not has_place:
-            raise ConfigError(f"app setting {PREFIX}METRICS_REGION is required with "
-                              f"{PREFIX}METRICS_RESOURCE_ID (the metric resource's region)")
-        if has_place and not get("METRICS_RESOURCE_ID"):
-            raise ConfigError(f"app setting {PREFIX}METRICS_RESOURCE_ID is required with "
-                              f"{PREFIX}METRICS_REGION (the resource the metric is posted on)")
-        return cls(
-            subscription=need("SUBSCRIPTION"), resource_group=need("ML_RESOURCE_GROUP"),
-            workspace=need("ML_WORKSPACE"), ml_endpoint=get("ML_ENDPOINT"),
-            ml_ca_file=get("ML_CA_FILE"), ml_retries=get("ML_RETRIES"),
-            ml_backoff=get("ML_BACKOFF"), policy=get("POLICY"),
-            stop_enabled=(get("STOP_ENABLED") or "").lower() == "true",
-            table_url=get("STATE_TABLE_URL"), table_connection=get("STATE_CONNECTION"),
-            table=get("STATE_TABLE") or DEFAULT_TABLE,
-            metrics_resource_id=get("METRICS_RESOURCE_ID"), metrics_region=get("METRICS_REGION"),
-            metrics_endpoint=get("METRICS_ENDPOINT"), metrics_ca_file=get("METRICS_CA_FILE"),
-            webhook_url=get("WEBHOOK_URL"),
-            webhook_min_severity=get("WEBHOOK_MIN_SEVERITY") or "critical")
-
-    def load_policy(self) -> Policy:
-        """The policy; without ``STOP_ENABLED=true`` it is forced into dry run (the
-        identity then holds no cancel right, and a refused stop is never retried)."""
-        from trainguard.policy import default_policy, load_policy
-
-        if self.policy is None:
-            policy = default_policy()
-        else:
-            path = Path(self.policy)
-            if not path.is_absolute():  # the app root: the host names it (mixed case)
-                root = os.environ.get("AzureWebJobsScriptRoot")  # noqa: SIM112
-                path = Path(root or Path.cwd()) / path
-            policy = load_policy(path)
-        if not self.stop_enabled and not policy.safety.dry_run:
-            log.warning("%sSTOP_ENABLED is not true: policy %r runs in dry run", PREFIX,
-                        policy.name)
-        return effective_policy(policy, self.stop_enabled)
-
-    def store(self, credential: TokenCredential) -> TableStore:
-        if self.table_connection is not None:
-            return TableStore.from_connection_string(self.table_connection, self.table)
-        assert self.table_url is not None  # checked in from_env
-        return TableStore.from_table_url(self.table_url, credential)
+def table_store(settings: Settings, credential: TokenCredential) -> TableStore:
+    if settings.table_connection is not None:
+        return TableStore.from_connection_string(settings.table_connection, settings.table)
+    assert settings.table_url is not None  # checked in from_env
+    return TableStore.from_table_url(settings.table_url, credential)
 
 
 def credential() -> TokenCredential:
@@ -155,7 +97,7 @@ def credential() -> TokenCredential:
 def run(settings: Settings, now: float, cred: TokenCredential,
         rules: list[Rule] | None = None) -> TickReport:
     """One tick: Azure ML jobs -> the shared tick -> Table state, webhook, metric."""
-    policy = settings.load_policy()
+    policy = load_policy(settings)
     opts = {"subscription": settings.subscription, "resource_group": settings.resource_group,
             "workspace": settings.workspace}
     optional = {"endpoint": settings.ml_endpoint, "ca_file": settings.ml_ca_file,
@@ -169,9 +111,9 @@ def run(settings: Settings, now: float, cred: TokenCredential,
     if settings.webhook_url:
         sinks.append(WebhookSink(settings.webhook_url, policy.safety.dry_run,
                                  settings.webhook_min_severity))
-    store = settings.store(cred)
+    store = table_store(settings, cred)
     try:
-        report = tick([source], policy, store, sinks, now, rules)
+        report = tick([source], policy, store, sinks, now, rules, interval_s=settings.interval_s)
     finally:
         store.close()
     for skipped in source.errors:  # jobs the adapter skipped: worth a look, not a failure
@@ -196,7 +138,8 @@ def summary(report: TickReport) -> dict[str, Any]:
             "stops": [a.to_dict() for a in report.stops],
             "source_errors": report.source_errors, "sink_errors": report.sink_errors,
             "skipped": report.skipped,
-            "warnings": report.warnings}
+            "warnings": report.warnings,
+            "fleet": report.fleet.to_dict()}  # what the workbook's fleet tiles read
 
 
 clock: Callable[[], float] = time.time  # the tick's "now" (tests hold it still)

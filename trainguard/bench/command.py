@@ -43,7 +43,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def _policy(path: Path | None) -> Policy:
-    from trainguard.policy import PolicyError, default_policy, load_policy
+    from trainguard.config import PolicyError, default_policy, load_policy
 
     try:
         return load_policy(path) if path is not None else default_policy()

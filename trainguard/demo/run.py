@@ -41,7 +41,7 @@ TIMEOUT_S = 240.0  # the whole demo, whatever happens
 
 
 def demo_policy() -> Policy:
-    from trainguard.policy import load_policy
+    from trainguard.config import load_policy
 
     with resources.as_file(resources.files("trainguard.demo") / "demo-policy.yaml") as path:
         return load_policy(path)

@@ -44,7 +44,7 @@ class Schedule(Route):
                             rt.policy.safety.protect_tag)
         report = tick([source], rt.policy,
                       SeededStore(store, seeds(logs, source.name), source.name),
-                      rt.sinks(), now)
+                      rt.sinks(), now, interval_s=rt.settings.interval_s)
         for p in events:
             store.consume_event(p)
         for q in logs:
