@@ -24,9 +24,11 @@ A rule whose verdict is a function of a prefix of a series (a judgement made at 
 boundaries) may say so, so that the follower does not even call it in between: each run
 it puts ``ctx.state[STABLE] = {name: count, ...}``, meaning "my findings stay the same,
 whatever else I read gains records, until one of these series has ``count`` records".
-The follower honours it only between consecutive cuts of a replay, while the job's state,
-the clock (if read), the log lines (if read) are unchanged and no series the rule found
-empty has gained a record (a new series may change which one the rule judges).
+A rule that reads the clock may bound it too, ``{STABLE_NOW: t}``: the same findings while
+``now < t`` (a stall rule whose silence cannot reach its threshold before then). The
+follower honours it only between consecutive cuts of a replay, while the job's state,
+the clock (if read and not bounded), the log lines (if read) are unchanged and no series
+the rule found empty has gained a record (a new series may change which one it judges).
 Iterating ``job.series`` (its names) is a read of which series exist, not of their
 records: a rule that looks up the ones it wants by name is re-run when those grow.
 
@@ -37,6 +39,7 @@ different times, so a series' record count says which records a cut holds.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 _ALL, _LOGS, _NOW, _JOBS, _NAMES = "\0all", "\0logs", "\0now", "\0jobs", "\0names"
 #: The key of ``ctx.state`` where a rule says until when its findings stay the same.
 STABLE = "stable"
+#: In ``ctx.state[STABLE]``: the clock (``now``) up to which they stay the same.
+STABLE_NOW = _NOW
 
 
 class _Reads:
@@ -223,17 +228,21 @@ class Follower:
         self.calls = 0
         self.seen_at: float | None = None  # the ``now`` of the last cut it was asked about
         self.state: dict[str, Any] = {}  # the rule's own, as ``ctx.state``
-        self.stable: dict[str, int] | None = None  # the rule's ``ctx.state[STABLE]``
+        self.stable: dict[str, float] | None = None  # the rule's ``ctx.state[STABLE]``
         self.empty: tuple[str, ...] = ()  # series it read that had no record
 
     def _still(self, job: Job, changed: Changed) -> bool:
         """The rule's own word that nothing it judges changed (``STABLE``)."""
         read, stable = self.read, self.stable
-        if stable is None or read is None or read.never or read.now or changed.state \
+        if stable is None or read is None or read.never or changed.state \
                 or (read.logs and changed.logs):
+            return False
+        if read.now and not changed.now < stable.get(STABLE_NOW, -math.inf):
             return False
         series = job.series
         for k, count in stable.items():
+            if k == STABLE_NOW:
+                continue
             s = series.get(k)
             if s is None or len(s) >= count:
                 return False

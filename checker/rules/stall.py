@@ -7,18 +7,31 @@ before the first updates are not held against it, pauses the job already came
 back from (evaluation, checkpoints) raise the threshold, and the GPU utilisation
 during the silence says which kind of stall it is: GPUs busy with no steps is a
 hung collective (horovod#3611), GPUs idle is a starved or dead input pipeline.
+
+Its cost does not grow with the square of the run when it is judged at every record. The
+cadence (the run's typical record gap, the 99th percentile of its update gaps) is learnt
+from the progress records up to the latest block boundary (all of them up to
+``max_points``; beyond, a power of two records at most ``1/relearn_parts`` of the run),
+and the records after it are read once each, in order, for the rest: the last update,
+the longest gap, resumes. Followed (a replay), that work is kept in ``ctx.state`` and the
+rule is not called again while its silence cannot reach the smallest threshold
+(``checker.follow.STABLE_NOW``); ``check`` does the same work at once, so both agree.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from trainguard.checker.cost import progress, resumes, update_times
+from trainguard.checker.cost import NOT_PROGRESS, RESUME_GAP_FACTOR, resumes, update_times
+from trainguard.checker.follow import STABLE, STABLE_NOW
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
+from trainguard.checker.rules.plateau import judged_prefix
 from trainguard.checker.stats import quantile
 
 
@@ -39,6 +52,12 @@ class StallParams:
         "or 3 x the longest pause the job finished before, whichever is larger")
     busy_util: float = param(50.0, "mean GPU utilisation (%) above which GPUs count as busy")
     idle_util: float = param(10.0, "mean GPU utilisation (%) below which GPUs count as idle")
+    max_points: int = param(
+        1024, "the cadence is learnt from all progress records up to this many; beyond, from "
+        "those up to the latest block boundary (later ones still extend the longest gap)")
+    relearn_parts: int = param(
+        64, "beyond max_points, the cadence is learnt again each time the run grows by a "
+        "block of at most 1/this of its records")
 
 
 @register
@@ -46,50 +65,64 @@ class Stall(Rule):
     name = "stall"
     Params = StallParams
 
-    def threshold(self, times: np.ndarray, resumed: np.ndarray | None = None
-                  ) -> tuple[float, dict[str, float]]:
-        """The silence that counts as a stall for a job whose progress came at ``times``;
-        the silences that ended in a resume from a checkpoint (at ``resumed``) were the job
-        being down, and are not learnt as the job's own pauses."""
+    def threshold(self, c: Cadence) -> tuple[float, dict[str, float]]:
+        """The silence that counts as a stall for a job of cadence ``c``: the silences that
+        ended in a resume from a checkpoint were the job being down, and are not learnt as
+        the job's own pauses."""
         p: StallParams = self.params
-        ts = times[p.warmup_updates - 1:]
-        gaps = np.diff(ts) if len(times) > p.warmup_updates else np.empty(0)
-        if resumed is not None and len(resumed) and len(gaps):
-            gaps = gaps[~np.isin(ts[1:], resumed)]
-        if len(gaps) < p.min_updates:
+        if c.count < p.min_updates:
             return max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}
-        p99 = quantile(gaps, 0.99)
-        longest = float(gaps.max())
-        t = max(p.min_seconds, p.factor * p99, p.pause_factor * longest)
-        return t, {"learnt": 1.0, "p99_gap_s": p99, "longest_gap_s": longest}
+        p99 = c.p99 if c.p99 is not None else c.longest
+        t = max(p.min_seconds, p.factor * p99, p.pause_factor * c.longest)
+        return t, {"learnt": 1.0, "p99_gap_s": p99, "longest_gap_s": c.longest}
+
+    def cadence(self, job: Job, state: dict[str, Any] | None) -> Cadence | None:
+        """The job's progress so far (``Cadence``), from ``state`` where it extends what
+        was read there; None when no series counts steps."""
+        p: StallParams = self.params
+        src = _source(job)
+        if src is None:
+            return None
+        n = len(src)
+        upto, block = judged_prefix(n, p.max_points, p.relearn_parts)
+        mark = (src.name, upto, block, float(src.time[0]), float(src.time[upto - 1]))
+        kept: Cadence | None = state.get("cadence") if state is not None else None
+        if kept is None or kept.mark != mark or kept.seen > n \
+                or float(src.time[kept.seen - 1]) != kept.seen_time:
+            kept = Cadence.learn(src, upto, mark, p.warmup_updates)
+        kept.read(src, p.warmup_updates)
+        if state is not None:
+            state["cadence"] = kept
+        return kept
 
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         if job.clock == "step":
             return []  # no time axis: a silence cannot be measured
         p: StallParams = self.params
-        prog = progress(job)
-        resumed = None
-        if prog is not None and len(prog):
-            times = update_times(prog)
-            resumed = prog.time[resumes(prog)]
-            last_step = float(np.max(prog.step))
+        c = self.cadence(job, ctx.state)
+        if c is not None and c.updates:
+            last, last_step = c.last_update, c.top
         else:
-            last = job.last_time()
-            if last is None:
+            c = None
+            found = job.last_time()
+            if found is None:
                 return []
-            times = np.array([last])
-            last_step = float("nan")
-        last = float(times[-1])
+            last, last_step = found, float("nan")
         paused = job.series.get("pause_seconds")
         if paused is not None and len(paused) and float(paused.time[-1]) > last:
             last = float(paused.time[-1])  # the loop said it resumed: alive from there
         silence = float(ctx.now - last)
-        thr, learnt = self.threshold(times, resumed)
+        thr, learnt = (self.threshold(c) if c is not None
+                       else (max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}))
         pauses = _finished_pauses(job)
         if len(pauses):
             # Pauses the job reported finishing (evaluation, checkpoint) are learnt too.
             thr = max(thr, p.pause_factor * float(pauses.max()))
         if silence <= thr:
+            if ctx.state is not None:
+                # Every threshold is at least min_seconds, and later records only move the
+                # last progress later: no finding before then, whatever arrives.
+                ctx.state[STABLE] = {STABLE_NOW: last + p.min_seconds}
             return []
         phase, excused = self._open_pause(job, last, ctx.now, pauses)
         if excused:
@@ -153,6 +186,95 @@ class Stall(Rule):
         if mean <= p.idle_util:
             return "GPUs idle: the input pipeline or the process is stuck", mean
         return "GPUs partly busy with no steps", mean
+
+
+class Cadence:
+    """What the progress records say so far: learnt from a prefix at once (numpy), then
+    extended one record at a time, so that a followed rule reads each record once."""
+
+    def __init__(self, mark: tuple[Any, ...]) -> None:
+        self.mark = mark
+        self.seen = 0  # records of the source read
+        self.seen_time = math.nan  # the time of the last of them (the cut extends it?)
+        self.typical = 0.0  # the prefix's median record gap: a resume is a silence beyond
+        self.p99: float | None = None  # of the prefix's update gaps
+        self.count = 0  # update gaps learnt (after warm-up, not ending in a resume)
+        self.longest = 0.0
+        self.updates = 0
+        self.last_update = math.nan
+        self.prev_time = math.nan  # the last record with a step (for its gap)
+        self.top = -math.inf  # the highest step so far
+        self.best = -math.inf  # the highest step since the last resume
+
+    @classmethod
+    def learn(cls, src: Series, upto: int, mark: tuple[Any, ...], warmup: int) -> Cadence:
+        c = cls(mark)
+        ok = np.isfinite(src.step[:upto]) if src.name != "step" else slice(None)
+        pre = Series(src.name, src.time[:upto][ok], src.step[:upto][ok], src.step[:upto][ok])
+        c.seen, c.seen_time = upto, float(src.time[upto - 1])
+        if not len(pre):
+            return c
+        times = update_times(pre)
+        back = resumes(pre)
+        resumed = pre.time[back]
+        ts = times[warmup - 1:]
+        gaps = np.diff(ts) if len(times) > warmup else np.empty(0)
+        if len(resumed) and len(gaps):
+            gaps = gaps[~np.isin(ts[1:], resumed)]
+        c.count = len(gaps)
+        if len(gaps):
+            c.p99, c.longest = quantile(gaps, 0.99), float(gaps.max())
+        c.updates, c.last_update = len(times), float(times[-1])
+        if len(pre) >= 3:
+            c.typical = float(np.median(np.diff(pre.time)))
+        c.prev_time = float(pre.time[-1])
+        c.top = float(np.max(pre.step))
+        c.best = float(np.max(pre.step[int(back[-1]) if len(back) else 0:]))
+        return c
+
+    def read(self, src: Series, warmup: int) -> None:
+        """The records of ``src`` after those already read, one at a time."""
+        n = len(src)
+        if self.seen >= n:
+            return
+        times, steps = src.time[self.seen:n].tolist(), src.step[self.seen:n].tolist()
+        self.seen, self.seen_time = n, float(src.time[n - 1])
+        limit = RESUME_GAP_FACTOR * self.typical
+        for t, s in zip(times, steps, strict=True):
+            if not math.isfinite(s):
+                continue
+            resumed = self.typical > 0 and s < self.top and t - self.prev_time > limit
+            self.prev_time = t
+            self.top = max(self.top, s)
+            if resumed or s > self.best:
+                self.best = s
+            else:
+                continue  # no progress
+            if self.updates >= warmup and not resumed:
+                gap = t - self.last_update
+                self.count += 1
+                self.longest = max(self.longest, gap)
+            self.updates += 1
+            self.last_update = t
+
+
+def _source(job: Job) -> Series | None:
+    """The series that counts steps, as ``cost.progress`` picks it, without a copy:
+    ``step`` if logged, else the longest series with steps (records without a step are
+    skipped where it is read)."""
+    series = job.series
+    step = series.get("step")
+    if step is not None and len(step):
+        return step
+    best: Series | None = None
+    for k in series:
+        if k.startswith(NOT_PROGRESS):
+            continue
+        s = series[k]
+        if len(s) and (best is None or len(s) > len(best)) \
+                and (math.isfinite(s.step[0]) or bool(np.isfinite(s.step).any())):
+            best = s
+    return best
 
 
 def _finished_pauses(job: Job) -> FloatArray:
