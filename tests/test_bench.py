@@ -185,11 +185,13 @@ def test_inject_adds_six_labelled_faults_per_healthy_run_reproducibly(corpus: Pa
     injected = [c for c in first["runs_detail"] if c["injected"]]
     assert sorted(c["group"] for c in injected) == [
         "injected:divergence", "injected:heartbeat_pause", "injected:nanblip",
-        "injected:pause", "injected:spike", "injected:stall"]
+        "injected:pause", "injected:slowdown", "injected:spike", "injected:stall",
+        "injected:straggler"]
     labels = {c["group"]: c["label"] for c in injected}
     assert labels == {"injected:divergence": "diverged", "injected:heartbeat_pause": "healthy",
                       "injected:nanblip": "healthy", "injected:pause": "healthy",
-                      "injected:spike": "healthy", "injected:stall": "stalled"}
+                      "injected:spike": "healthy", "injected:stall": "stalled",
+                      "injected:slowdown": "slowed", "injected:straggler": "slowed"}
     assert all(c["run"] == "healthy.csv" for c in injected)
     again = _json(corpus, "--inject")
     other = _json(corpus, "--inject", "--seed", "7")

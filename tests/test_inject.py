@@ -193,8 +193,12 @@ def test_injected_faults_on_real_runs(curves_dir: Path) -> None:
         assert stalled.first_fire(job, "val_loss") is None, path.name
         assert exploding.first_fire(job, "val_loss") is None, path.name
         for kind in INJECTORS:
-            out: Injected = inject(job, kind, seed=11)
-            assert out.job is not job and out.label in ("stalled", "healthy", "diverged")
+            try:
+                out: Injected = inject(job, kind, seed=11)
+            except ValueError as e:  # a slowdown needs a run longer than some of these
+                assert kind in ("slowdown", "straggler") and "too short" in str(e), e
+                continue
+            assert out.job is not job and out.label in ("stalled", "healthy", "diverged", "slowed")
         cut = inject(job, "stall", seed=11)
         fire = stalled.first_fire(cut.job, "val_loss")
         assert fire is not None and fire.time is not None and cut.onset_time is not None

@@ -33,7 +33,7 @@ from trainguard.checker.cost import NOT_PROGRESS
 from trainguard.checker.metrics import loss_like
 from trainguard.checker.model import FloatArray, Job, JobState, Series
 
-RuleKind = Literal["divergence", "plateau", "overfit", "stall"]
+RuleKind = Literal["divergence", "plateau", "overfit", "stall", "slowdown"]
 
 
 @dataclass(frozen=True)

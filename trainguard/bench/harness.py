@@ -19,6 +19,7 @@ the policy is run, so a critical finding of any rule on a healthy case is seen.
 Which trainguard finding detects which label (``JUDGES``): ``diverged`` <- a
 ``divergence`` finding at critical; ``flat`` <- ``plateau`` at warning or above;
 ``overfit`` <- ``overfit`` at warning or above; ``stalled`` <- ``stall`` at warning or
+above; ``slowed`` (injected slowdowns and stragglers) <- ``slowdown`` at warning or
 above. The same findings on a healthy or spiky case (a run that recovers and ends
 healthy) are false alarms. An anchor competes with the rules of its ``kinds()``; on a
 healthy or spiky case anything it does is a false alarm.
@@ -75,7 +76,11 @@ JUDGES: dict[RuleKind, Judge] = {
     "plateau": Judge("plateau", "flat", Severity.WARNING),
     "overfit": Judge("overfit", "overfit", Severity.WARNING),
     "stall": Judge("stall", "stalled", Severity.WARNING),
+    # injected only (``bench --inject``): throughput halved for 20 minutes, or a straggler
+    "slowdown": Judge("slowdown", "slowed", Severity.WARNING),
 }
+#: The issue's bar for a slowdown: found within 15 minutes of its onset.
+SLOWDOWN_BOUND_S = 900.0
 KIND_OF_LABEL: dict[str, RuleKind] = {j.label: kind for kind, j in JUDGES.items()}
 
 #: The family (and group) of every case together.
@@ -818,6 +823,24 @@ def bar_checks(cases: list[Case], heads: list[HeadToHead]) -> list[Check]:
         members = [c for c in cases if c.group == group and c.clock != "step"]
         if members:
             bad = [c for c in members if tg(c, "stall", "warning") is not None]
+            out.append(Check(what, f"{len(bad)}/{len(members)} fired", not bad, _ids(bad)))
+    slowed = [c for c in cases if c.label == "slowed"]
+    if slowed:
+        late = []
+        for c in slowed:
+            d = tg(c, "slowdown", "warning")
+            if d is None or d.time is None or c.onset_time is None \
+                    or d.time - c.onset_time > SLOWDOWN_BOUND_S:
+                late.append(c)
+        out.append(Check("every injected slowdown and straggler found within 15 min",
+                         f"{len(slowed) - len(late)}/{len(slowed)}", not late, _ids(late)))
+    for group, what in (("healthy", "no slowdown on a healthy run (its own speed changes)"),
+                        ("spiky", "no slowdown on a spiky run"),
+                        ("injected:pause", "no slowdown on a legitimate pause"),
+                        ("injected:heartbeat_pause", "no slowdown on a long checkpoint")):
+        members = [c for c in cases if c.group == group and c.clock != "step"]
+        if members:
+            bad = [c for c in members if tg(c, "slowdown", "warning") is not None]
             out.append(Check(what, f"{len(bad)}/{len(members)} fired", not bad, _ids(bad)))
     for h in heads:
         if h.verdict and h.bad.runs:

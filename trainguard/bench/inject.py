@@ -13,6 +13,8 @@ a new Job (the input is never changed) with what a detector should say about it:
   (``diverged``); ``extra["first_nan_step"]`` is where NaN starts.
 * ``spike``: the losses jump 3-10x for 1-3 logged points, then return to the
   original curve. Must not fire critical (``healthy``).
+* ``slowdown``, ``straggler`` (``inject_speed``): throughput halved for 20 minutes, one
+  host lagging in the second. Must fire ``slowdown`` (``slowed``).
 
 Positions are counted on the run's densest loss series (the reference); every
 other loss series is changed at the same steps, so train and validation losses
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.bench import inject_speed
 from trainguard.checker.metrics import loss_like
 from trainguard.checker.model import FloatArray, Job, JobState, LogLine, Series
 
@@ -281,6 +284,9 @@ INJECTORS: dict[str, Injector] = {
     "spike": spike,
     "nanblip": nanblip,
     "heartbeat_pause": heartbeat_pause,
+    # throughput halved for 20 minutes, and the same with one host lagging (label slowed)
+    "slowdown": inject_speed.slowdown,
+    "straggler": inject_speed.straggler,
 }
 
 
