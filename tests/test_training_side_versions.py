@@ -102,16 +102,28 @@ TRAINING = r"""
 import json, math, py_compile, sys, types
 from pathlib import Path
 
-from trainguard.emit import Emitter
+import time
+
+from trainguard.emit import configure, emit, from_env, pause
 from trainguard.callbacks import Phases, numbers
 from trainguard.launch import azureml, kubeflow
 from trainguard.launch import sagemaker as sm
 
 log, nan_step, cb_dir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+assert from_env({"TRAINGUARD_EMIT_INTERVAL": "0"}).interval == 0
 with open(log, "w") as out:
-    emitter = Emitter(interval=0, stream=out, total_steps=400)
+    # the module functions, as a training script calls them
+    first = configure(interval=0, stream=out, total_steps=400)
+    for step in range(1, 60):
+        emit(step=step, loss=3.0 * math.exp(-step / 60) + 0.1, lr=1e-3)
+    with pause("checkpoint", every=0.02):  # heartbeats from a thread while it runs
+        paused, since = first.written, time.monotonic()
+        while first.written == paused and time.monotonic() - since < 10:
+            time.sleep(0.01)
+    # an emitter driven as the callbacks drive it
+    emitter = configure(interval=0, stream=out, total_steps=400)
     phases = Phases(emitter, every=0.05)
-    for step in range(1, nan_step + 20):
+    for step in range(60, nan_step + 20):
         loss = 3.0 * math.exp(-step / 60) + 0.1 if step < nan_step else float("nan")
         emitter.record(step, numbers({"loss": loss, "lr": 1e-3, "note": "text is dropped"}))
         if step == 100:
@@ -197,6 +209,7 @@ def test_training_side_installs_and_its_records_are_judged(
     assert [(f["severity"], f["step"]) for f in divergence] == [("critical", NAN_STEP)]
     text = log.read_text()
     assert re.search(r"trainguard: pause phase=eval step=100 elapsed=0 ", text)
+    assert re.search(r"trainguard: heartbeat phase=checkpoint step=59 elapsed=[0-9.]+ ", text)
     assert re.search(r"trainguard: resume phase=eval step=100 elapsed=", text)
 
     if (3, minor) < TOOL_FROM:
