@@ -127,6 +127,7 @@ print(json.dumps({
     "file": trainguard.__file__,
     "site": site,
     "tops": sorted({str(f).split("/")[0] for f in ours}),
+    "outside": sorted(str(f) for f in ours if str(f).startswith("..")),
     "site_tops": sorted(p.name for p in __import__("pathlib").Path(site).iterdir()),
     "definitions": len(metric_definitions()),
     "demo_policy": resources.files("trainguard.demo").joinpath("demo-policy.yaml").is_file(),
@@ -143,7 +144,8 @@ def test_installed_in_a_fresh_venv_only_trainguard_reaches_site_packages(
     assert got["file"].startswith(got["site"]), got["file"]
     assert not got["file"].startswith(str(ROOT) + os.sep)
     dist_info = next(t for t in got["tops"] if t.endswith(".dist-info"))
-    assert set(got["tops"]) == {"trainguard", dist_info, ".."}, got["tops"]  # .. : the script
+    assert set(got["tops"]) == {"trainguard", dist_info, ".."}, got["tops"]
+    assert got["outside"] == ["../../../bin/trainguard"]  # the console script, nothing else
     assert not set(GENERIC_NAMES) & set(got["site_tops"]), got["site_tops"]
     assert got["definitions"] >= 10 and got["demo_policy"]
     assert (venv / "bin" / "trainguard").is_file()
