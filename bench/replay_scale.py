@@ -1,34 +1,33 @@
-"""How the cost of a replay grows with the length of the run.
+"""How the cost of a replay grows with the length of the run (issue 11's bar: a run of a
+million records replayed at one tick per record in under 20 s).
 
-    python bench/replay_scale.py [--records 1000000] [--per-record 10000 20000 40000]
+    .venv/bin/python bench/replay_scale.py                    # the bar: 1,000,000 records
+    .venv/bin/python bench/replay_scale.py --sizes 125000 250000 500000 1000000
+    .venv/bin/python bench/replay_scale.py --clock elapsed    # records a second apart
 
-Builds a run with only steps (a training loss at every step, a validation loss every
-100 steps: the shape of a long Lightning CSVLogger file) and replays it with the default
-policy and all its rules:
+Builds a run (a training loss at every record, a validation loss every 100: the shape of a
+long Lightning CSVLogger file, on a step clock unless ``--clock`` says otherwise) and
+replays it with the default policy and all its rules at one tick per record:
 
-* at the default schedule (every logging interval, at most ``MAX_AUTO_TICKS`` ticks, each
-  fire timed back to its record) on ``--records`` records;
-* at one tick per record on each of the ``--per-record`` sizes, to show how the cost
-  grows when every record is a tick (the rules that read the training loss run at
-  every tick; the others are skipped by their followers while their input is unchanged).
+* ``healthy``: the loss falls as 1/(1 + step/1000) with noise, and levels off;
+* ``late fault``: the same run whose loss, at 95 % of it, climbs tenfold over 200 records
+  and then turns NaN (a divergence the replay must call critical, at its record).
 
-* at one tick per record with no rule at all on ``--framework`` records: what the replay
-  itself costs (cutting the run, asking the rules);
-* at one tick per record with one rule that keeps its work in ``ctx.state`` (the loss's
-  running best; warns at 10 x it) on ``--incremental`` records: what judging every record
-  costs once a rule looks only at the records new since its last run.
-
-Prints one line per replay: records, ticks, wall seconds, microseconds per tick, and how
-many rule runs the followers spared.
+Each replay runs in its own process, so that its peak memory (the process's maximum
+resident set) is its own; the line also gives the memory of the run's own arrays and of
+the process before the replay, to tell what the replay added. ``--default-schedule``
+adds the same runs on the default schedule (every logging interval, at most 1,000 ticks,
+fires timed back to their record).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import resource
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,91 +35,102 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainguard.checker.evaluate import build_rules  # noqa: E402
 from trainguard.checker.follow import Followers  # noqa: E402
-from trainguard.checker.model import Finding, Job, JobState, Series, Severity  # noqa: E402
-from trainguard.checker.rules.base import Context, Rule  # noqa: E402
+from trainguard.checker.model import Job, JobState, Series  # noqa: E402
 from trainguard.config import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
 
-
-@dataclass
-class _NoParams:
-    pass
-
-
-class RunningBest(Rule):
-    """Warns while the loss stands at 10 x its best so far; the best is kept in
-    ``ctx.state`` with the number of records it covers, so each record is read once."""
-
-    name = "running_best"
-    Params = _NoParams
-
-    def detect(self, job: Job, ctx: Context) -> list[Finding]:
-        s = job.series["loss"]
-        state = ctx.state if ctx.state is not None else {}
-        seen, best = state.get("seen", 0), state.get("best", math.inf)
-        if seen > len(s):  # not the run it saw: start over
-            seen, best = 0, math.inf
-        new = s.value[seen:]
-        if len(new):
-            best = min(best, float(new.min()))
-        state["seen"], state["best"] = len(s), best
-        if len(s) and s.value[-1] > 10 * best:
-            return [Finding(job.id, self.name, Severity.WARNING, "loss at 10 x its best",
-                            evidence={"kind": "best"})]
-        return []
+VAL_EVERY = 100
+FAULT_AT = 0.95  # where the late fault starts, as a share of the run
+CLIMB = 200  # records the loss climbs before it turns NaN
 
 
-def run(records: int, val_every: int = 100, seed: int = 0) -> Job:
-    """A healthy run: the loss falls as 1/(1 + step/1000) with noise, on a step clock."""
+def build(records: int, fault: bool, clock: str = "step", seed: int = 0) -> Job:
+    """The run: ``records`` training-loss records, a validation loss every VAL_EVERY."""
     rng = np.random.default_rng(seed)
     step = np.arange(records, dtype=np.float64)
     loss = 2 + 8 / (1 + step / 1000) + 0.05 * rng.standard_normal(records)
-    val = np.arange(0, records, val_every)
-    return Job(id=f"synthetic-{records}", clock="step", state=JobState.SUCCEEDED,
-               start_time=0.0, end_time=float(step[-1]),
-               series={"loss": Series("loss", step, step, loss),
-                       "val_loss": Series("val_loss", step[val], step[val], loss[val] + 0.1)})
+    if fault:
+        at = int(FAULT_AT * records)
+        climb = np.minimum(np.arange(records - at, dtype=np.float64) / CLIMB, 1.0)
+        loss[at:] *= 1 + 9 * climb
+        loss[at + CLIMB:] = np.nan
+    val = np.arange(0, records, VAL_EVERY)
+    time_ = step if clock == "step" else 1_000.0 + step  # one record a second
+    return Job(id=f"synthetic-{records}", clock=clock,  # type: ignore[arg-type]
+               state=JobState.SUCCEEDED, start_time=float(time_[0]),
+               end_time=float(time_[-1]),
+               series={"loss": Series("loss", time_, step, loss),
+                       "val_loss": Series("val_loss", time_[val], step[val], loss[val] + 0.1)})
 
 
-def measure(records: int, tick: float | None, rules_on: bool = True,
-            rules: list[Rule] | None = None) -> str:
-    job, policy = run(records), default_policy()
-    if rules is None:
-        rules = build_rules(policy) if rules_on else []
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def one(records: int, fault: bool, clock: str, per_record: bool) -> dict[str, object]:
+    """One replay, in this process: what it took and what it found."""
+    job, policy = build(records, fault, clock), default_policy()
+    arrays_mb = sum(s.time.nbytes + s.step.nbytes + s.value.nbytes
+                    for s in job.series.values()) / 2**20
+    before_mb = _rss_mb()
     followers = Followers()
-    began = time.perf_counter()
-    result = replay(job, policy, tick, rules, followers)
-    took = time.perf_counter() - began
-    what = "default schedule" if tick is None else f"a tick every {tick:g} step"
-    if not rules:
-        what += ", no rule"
-    elif len(rules) == 1:
-        what += f", {rules[0].name} only"
-    return (f"{records:>9,} records, {what:<22} {result.ticks:>9,} ticks  {took:8.2f} s  "
-            f"{took / result.ticks * 1e6:8.0f} us/tick  rules run {followers.runs:,} of "
-            f"{followers.calls:,} times; {len(result.histories)} findings")
+    began_cpu, began = time.process_time(), time.perf_counter()
+    result = replay(job, policy, 1.0 if per_record else None, followers=followers)
+    took, cpu = time.perf_counter() - began, time.process_time() - began_cpu
+    crit = result.first_critical
+    return {
+        "records": records, "run": "late fault" if fault else "healthy", "clock": clock,
+        "schedule": "one tick per record" if per_record else "default schedule",
+        "ticks": result.ticks, "seconds": took, "cpu_seconds": cpu,
+        "us_per_tick": took / max(result.ticks, 1) * 1e6,
+        "rule_runs": followers.runs, "rule_calls": followers.calls,
+        "peak_rss_mb": _rss_mb(), "rss_before_mb": before_mb, "run_arrays_mb": arrays_mb,
+        "findings": sorted({f"{h.rule}:{h.worst.value}" for h in result.histories}),
+        "first_critical": (None if crit is None or crit.first_critical is None
+                           else f"{crit.rule} at step {crit.first_critical.step:g}"),
+    }
+
+
+def measure(records: int, fault: bool, clock: str, per_record: bool) -> dict[str, object]:
+    """``one`` in a fresh process, so that its peak memory is its own."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", str(records), "--clock", clock]
+        + (["--fault"] if fault else []) + ([] if per_record else ["--default-only"]),
+        check=True, capture_output=True, text=True)
+    return dict(json.loads(out.stdout))
+
+
+def line(r: dict[str, object]) -> str:
+    return (f"{r['records']:>9,} records, {r['run']:<10} {r['clock']:<7} {r['schedule']:<19} "
+            f"{r['ticks']:>9,} ticks {r['seconds']:7.2f} s (cpu {r['cpu_seconds']:6.2f} s) "
+            f"{r['us_per_tick']:6.1f} us/tick  peak {r['peak_rss_mb']:5.0f} MB "
+            f"(before {r['rss_before_mb']:4.0f}, arrays {r['run_arrays_mb']:3.0f})  "
+            f"rules run {r['rule_runs']:,} of {r['rule_calls']:,}; "
+            f"found {', '.join(r['findings']) or 'nothing'}"  # type: ignore[arg-type]
+            + (f"; first critical: {r['first_critical']}" if r["first_critical"] else ""))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--per-record", type=int, nargs="*", default=[10_000, 20_000, 40_000])
-    ap.add_argument("--framework", type=int, default=200_000,
-                    help="records replayed at one tick per record with no rule: the cost of "
-                         "the replay itself (0: skip)")
-    ap.add_argument("--incremental", type=int, default=1_000_000,
-                    help="records replayed at one tick per record with one rule that keeps "
-                         "its work in ctx.state (0: skip)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[1_000_000],
+                    help="run lengths (records) to replay at one tick per record")
+    ap.add_argument("--clock", choices=("step", "elapsed"), default="step",
+                    help="step: no time axis (a Lightning CSV); elapsed: a record a second")
+    ap.add_argument("--default-schedule", action="store_true",
+                    help="also replay each run on the default schedule")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--default-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    print(measure(a.records, None), flush=True)
-    for n in a.per_record:
-        print(measure(n, 1.0), flush=True)
-    if a.framework:
-        print(measure(a.framework, 1.0, rules_on=False), flush=True)
-    if a.incremental:
-        print(measure(a.incremental, 1.0, rules=[RunningBest()]), flush=True)
+    if a.one:
+        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only)))
+        return
+    for n in a.sizes:
+        for fault in (False, True):
+            print(line(measure(n, fault, a.clock, per_record=True)), flush=True)
+            if a.default_schedule:
+                print(line(measure(n, fault, a.clock, per_record=False)), flush=True)
 
 
 if __name__ == "__main__":

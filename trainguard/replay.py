@@ -34,7 +34,15 @@ import numpy as np
 from trainguard.checker import cost
 from trainguard.checker.evaluate import build_rules, evaluate
 from trainguard.checker.follow import Changed, Followers
-from trainguard.checker.model import Finding, FloatArray, Job, JobState, Series, Severity
+from trainguard.checker.model import (
+    Finding,
+    FloatArray,
+    Job,
+    JobState,
+    LogLine,
+    Series,
+    Severity,
+)
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Rule
 
@@ -212,11 +220,27 @@ class Cuts:
     nothing since the last cut is the same object), log lines by bisection when they are
     in time order; tests hold it equal to ``Job.until``."""
 
+    #: ticks planned ahead (``plan``) have their record counts found this many at a time
+    CHUNK = 4096
+
     def __init__(self, job: Job) -> None:
         self.job = job
         t = np.fromiter((line.time for line in job.logs), np.float64, len(job.logs))
         self.log_times = t if bool(np.all(np.diff(t) >= 0)) else None
         self.heads: dict[str, Series] = {}
+        self._names = list(job.series)
+        self._cols = [job.series[k].time for k in self._names]
+        if self.log_times is not None:
+            self._cols.append(self.log_times)
+        self._ticks: list[float] = []
+        self._next = 0  # the planned tick expected next
+        self._rows: list[list[int]] = []
+        self._rows_from = 0
+        self._row: list[int] | None = None  # the counts of the last cut
+        self._out: dict[str, Series] = {}
+        self._lens = [-1] * len(self._names)  # records in each series' head
+        self._logs: list[LogLine] = []
+        self._grown: dict[frozenset[str], frozenset[str]] = {}
         # Where the log resumes from a checkpoint, the job was down from its record before
         # to the resume (a live watchdog would have seen the first process end); the cuts
         # in between say so instead of calling the job running. Hindsight, stated as such.
@@ -228,27 +252,53 @@ class Cuts:
         self.logs_grown = self.state_changed = True
         self._last: tuple[Any, ...] | None = None
 
-    def _series(self, t: float) -> dict[str, Series]:
+    def plan(self, times: FloatArray) -> None:
+        """The ticks about to be cut, in order: their record counts are then found a chunk
+        of ticks at a time (one ``searchsorted`` per series per chunk, not per tick)."""
+        self._ticks, self._next, self._rows, self._rows_from = times.tolist(), 0, [], 0
+
+    def _counts(self, t: float) -> list[int]:
+        """Records of each series (then of the log lines, when in time order) at ``t``."""
+        i = self._next
+        if i < len(self._ticks) and self._ticks[i] == t:
+            self._next = i + 1
+            if not self._rows_from <= i < self._rows_from + len(self._rows):
+                ahead = np.asarray(self._ticks[i:i + self.CHUNK])
+                cols = [c.searchsorted(ahead, "right") for c in self._cols]
+                self._rows = (np.stack(cols, axis=1).tolist() if cols
+                              else [[] for _ in range(len(ahead))])
+                self._rows_from = i
+            return self._rows[i - self._rows_from]
+        return [int(c.searchsorted(t, "right")) for c in self._cols]
+
+    def _series(self, counts: list[int]) -> dict[str, Series]:
+        if counts == self._row:
+            self.grown = set()
+            return self._out  # nothing new since the last cut: the same series
         out = {}
         self.grown = set()
-        for k, s in self.job.series.items():
-            n = int(s.time.searchsorted(t, "right"))
-            last = self.heads.get(k)
-            if last is None or len(last) != n:
-                last = self.heads[k] = _head(s, n)
+        series, heads, lens = self.job.series, self.heads, self._lens
+        for j, (k, n) in enumerate(zip(self._names, counts, strict=False)):
+            if lens[j] != n:
+                heads[k] = _head(series[k], n)
+                lens[j] = n
                 self.grown.add(k)
-            out[k] = last
+            out[k] = heads[k]
+        self._row, self._out = counts, out
         return out
 
     def __call__(self, t: float) -> Job:
         job = self.job
+        counts = self._counts(t)
         if self.log_times is None:
             logs = [line for line in job.logs if line.time <= t]
+        elif len(self._logs) == counts[-1]:
+            logs = self._logs  # no new line: the same list
         else:
-            logs = job.logs[: int(self.log_times.searchsorted(t, "right"))]
+            logs = self._logs = job.logs[: counts[-1]]
         ended = job.end_time is not None and job.end_time <= t
-        restarts = [r for r in job.restart_times if r <= t]
-        down = next(((a, b) for a, b in self.down if a < t < b), None)
+        restarts = ([r for r in job.restart_times if r <= t] if job.restart_times else [])
+        down = next(((a, b) for a, b in self.down if a < t < b), None) if self.down else None
         now = (len(logs), ended, len(restarts), down)
         self.logs_grown = self._last is None or now[0] != self._last[0]
         self.state_changed = self._last is None or now[1:] != self._last[1:]
@@ -263,7 +313,7 @@ class Cuts:
         cut.__dict__.update(
             state=state,
             end_time=job.end_time if ended else None,
-            series=self._series(t),
+            series=self._series(counts),
             # per-host series (rarely there) are cut plainly: rules read them seldom
             hosts={h: {k: s.until(t) for k, s in by.items()} for h, by in job.hosts.items()}
             if job.hosts else job.hosts,
@@ -276,7 +326,9 @@ class Cuts:
     def changed(self, before: float, now: float) -> Changed:
         """What the last cut (at ``now``) holds that the one before it (at ``before``) did
         not."""
-        return Changed(before, now, frozenset(self.grown), self.logs_grown, self.state_changed)
+        grown = frozenset(self.grown)
+        grown = self._grown.setdefault(grown, grown)  # one object (its hash kept) per kind
+        return Changed(before, now, grown, self.logs_grown, self.state_changed)
 
 
 def _head(s: Series, n: int) -> Series:
@@ -360,6 +412,7 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     # the last tick judges the run as of its last record, as ``check`` does: later, the
     # silence after a finished run would read as a stall
     times[-1] = min(times[-1], end)
+    cuts.plan(times)
     before: float | None = None
     for t in times.tolist():
         cut = cuts(t)
