@@ -121,23 +121,13 @@ def cadence(s: Series, step: float) -> float:
     return float(st[i] - st[i - 1]) if i > 0 else 0.0
 
 
-def first_past(s: Series, d: DivergenceParams) -> float | None:
-    """The step of the last of the first ``regress_points`` points in a row at which ``s``
-    stood ``regress_factor`` times its best level before them (the lowest median of three
-    points) and had lost ``regress_lost`` of what it had learnt."""
-    v = s.value
-    points = d.regress_points
-    run = 0
-    start = float(np.median(v[:3]))
-    for i in range(len(v)):
-        before = v[: i - 2] if i >= 5 else v[:0]
-        levels = [float(np.median(v[j:j + 3])) for j in range(len(before))]
-        best = min(levels) if levels else np.inf
-        lost = v[i] >= best + d.regress_lost * max(start - best, 0.0)
-        run = run + 1 if levels and v[i] >= d.regress_factor * best and lost else 0
-        if run >= points:
-            return float(s.step[i])
-    return None
+def completed(s: Series, f: Finding, d: DivergenceParams) -> float:
+    """The step of the point that completed the rule's stretch: ``regress_points`` finite
+    points in a row from the finding's first one (its step)."""
+    ok = np.isfinite(s.value)
+    steps = s.step[ok]
+    i = int(np.searchsorted(steps, f.step))
+    return float(steps[min(i + d.regress_points - 1, len(steps) - 1)])
 
 
 def test_no_critical_finding_on_any_healthy_or_spiky_run_at_any_tick(rows: list[Row]) -> None:
@@ -168,26 +158,24 @@ def test_every_diverged_run_is_critical_within_one_logging_interval(rows: list[R
             late.append((r, f, step_at(job, t)))
     # A divergence without NaN cannot be told from a loss spike (a bad batch, back within
     # three points) at its first points: the rule waits for regress_points in a row at
-    # 5x the best level, and a gradual creep's labelled onset is where the climb starts.
-    # Those runs are late by design, and must be critical within one interval of the
-    # point that completes the rule's stretch.
+    # 5x the best level or most of the way back to the first level, and a gradual creep's
+    # labelled onset is where the climb starts. Those runs are late by design, and must
+    # be critical within one interval of the point that completes the rule's stretch.
     for r, f, at in late:
         assert f.evidence["kind"] == "regressed", r.run
         s = job_of(r.run).series[f.evidence["metric"]]
-        past = first_past(s, DivergenceParams())
-        assert past is not None and at <= past + cadence(s, past), (r.run, at, past)
+        past = completed(s, f, DivergenceParams())
+        assert at <= past + cadence(s, past), (r.run, at, past)
     # Every miss is a run the corpus itself is unsure of, and each is said for what the
     # rules take it to be: non-finite values in evaluation only (the training loss is
     # finite), or a validation loss climbing while the training loss falls (overfit).
     assert all(r.unsure for r in missed), [r.run for r in missed if not r.unsure]
-    assert len(missed) <= 3
+    assert len(missed) <= 2
     for r in missed:
         said = {(f.rule, f.evidence.get("kind")) for f in at_end(r.run)}
         if ("divergence", "eval_nonfinite") in said or ("overfit", "overfit") in said:
             continue
-        # siasio's first run: its loss ends ~4x its best (the label's own note: "only ~4x
-        # above min, UNSURE (rule says >5x)"); the rule's factor is 5.
-        assert "siasio" in r.run, f"{r.run}: {sorted(map(str, said))}"
+        raise AssertionError(f"{r.run}: {sorted(map(str, said))}")
 
 
 def test_plateau_recall_and_healthy_warned_per_family(rows: list[Row]) -> None:

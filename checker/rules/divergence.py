@@ -37,6 +37,7 @@ from trainguard.checker.seen import Track, tracked
 from trainguard.checker.stats import rolling_median3
 
 _BLOCK = 16  # points per block for the rolling reference level
+_WIDE = 9  # points in the levels of the undo test: noise moves a median of 9 little
 _Before = dict[int, tuple[float | str | None, float | str | None]]
 
 
@@ -59,6 +60,17 @@ class DivergenceParams:
     regress_lost: float = param(
         0.5, "... and has given back at least this fraction of what it had learnt (its "
         "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
+    undo_fraction: float = param(
+        0.8, "the training objective back up this fraction of the way from its best to its "
+        "first level (medians of 9 points, which noise cannot move far) is a divergence "
+        "without NaN too, however small the ratio: the run has undone its learning...")
+    undo_learnt: float = param(
+        2.0, "... when its first level was at least this many times its best (it had "
+        "learnt something to undo), for regress_points points in a row...")
+    undo_noise: float = param(
+        6.0, "... and what it had learnt (first level minus best) is at least this many "
+        "times the scatter of the points at its best (1.4826 MAD of those 9): the best of "
+        "a noisy loss is a lucky dip, and its points reach back up often")
 
 
 def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArray]:
@@ -238,6 +250,7 @@ class _Climb:
     at: int  # the record of its first point
     best: float  # the best level before it
     head: list[float]  # its first regress_points values: the level that made it fire
+    wide: tuple[float, float]  # the first and the best levels of 9 points before it
     length: int = 0
     back: int | None = None  # the record of the finite point that ended it
 
@@ -258,6 +271,10 @@ class _Climbs(Track):
         self.last: list[float] = []  # the last two of them
         self.best = math.inf  # the lowest level (median of three) so far
         self.first = math.nan  # the first level
+        self.last_wide: list[float] = []  # the last eight finite points
+        self.best_wide = math.inf  # the lowest level of 9 points so far
+        self.noise_wide = math.inf  # the scatter of those 9 points (1.4826 MAD)
+        self.first_wide = math.nan  # the first level of 9 points
         self.open: _Climb | None = None
         self.pending: list[_Climb] = []  # long enough, ended less than recover_points ago
         self.settled: _Climb | None = None  # the last one settled: the run came back from it
@@ -280,11 +297,24 @@ class _Climbs(Track):
     def _point(self, at: int, x: float, p: DivergenceParams) -> None:
         """The next finite point, record ``at``: the best is that of the levels wholly
         before it, so a single lucky low point is not a best and x is not its own."""
-        best = self.best
-        high = x >= p.regress_factor * best and \
-            x >= best + p.regress_lost * max(self.first - best, 0.0)
+        best, wide = self.best, self.best_wide
+        high = (x >= p.regress_factor * best
+                and x >= best + p.regress_lost * max(self.first - best, 0.0)) or (
+            self.first_wide >= p.undo_learnt * wide
+            and self.first_wide - wide >= p.undo_noise * self.noise_wide
+            and x >= wide + p.undo_fraction * (self.first_wide - wide))
         self._stretch(high, at, x, best, p)
         self.low = min(self.low, x)
+        window = self.last_wide
+        window.append(x)
+        if len(window) == _WIDE:
+            level = sorted(window)[_WIDE // 2]
+            if math.isnan(self.first_wide):
+                self.first_wide = level
+            if level < self.best_wide:
+                self.best_wide = level
+                self.noise_wide = 1.4826 * sorted([abs(y - level) for y in window])[_WIDE // 2]
+            del window[0]
         last = self.last
         if len(last) == 2:
             a, b = last
@@ -302,7 +332,7 @@ class _Climbs(Track):
         c = self.open
         if high:
             if c is None:
-                c = self.open = _Climb(self.nf, at, best, [])
+                c = self.open = _Climb(self.nf, at, best, [], (self.first_wide, self.best_wide))
             if len(c.head) < p.regress_points:
                 c.head.append(x)
             c.length += 1
@@ -333,15 +363,21 @@ class _Climbs(Track):
         k = np.arange(m) - 3 + lag
         best = np.full(m, self.best)
         best[k >= 0] = cm[k[k >= 0]]
+        wide, noise, first_wide = self._wide(v)
         with np.errstate(invalid="ignore"):
-            high = (v >= p.regress_factor * best) & (
-                v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))
+            high = ((v >= p.regress_factor * best)
+                    & (v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))) | (
+                (first_wide >= p.undo_learnt * wide)
+                & (first_wide - wide >= p.undo_noise * noise)
+                & (v >= wide + p.undo_fraction * (first_wide - wide)))
         if self.open is not None and not high[0]:
             self._close(self.open, int(at[0]), p)
         for start, length in _runs(high):
             c = self.open
             if c is None:
-                c = self.open = _Climb(self.nf + start, int(at[start]), float(best[start]), [])
+                c = self.open = _Climb(self.nf + start, int(at[start]), float(best[start]), [],
+                                       (first_wide if np.isfinite(wide[start]) else math.nan,
+                                        float(wide[start])))
             c.head += v[start:start + p.regress_points - len(c.head)].tolist()
             c.length += length
             if start + length < m:
@@ -350,6 +386,30 @@ class _Climbs(Track):
         self.best = float(cm[-1]) if len(cm) else self.best
         self.last = w[-2:].tolist()
         self.nf += m
+
+    def _wide(self, v: FloatArray) -> tuple[FloatArray, FloatArray, float]:
+        """Per point of ``v`` (the next finite points), the best level of 9 points wholly
+        before it and the scatter of those 9; and the first such level. Carries them over
+        to the next points."""
+        m, lag = len(v), len(self.last_wide)
+        w = np.concatenate((self.last_wide, v))
+        best, noise = np.full(m, self.best_wide), np.full(m, self.noise_wide)
+        if len(w) >= _WIDE:
+            windows = np.lib.stride_tricks.sliding_window_view(w, _WIDE)
+            levels = np.median(windows, axis=1)
+            if math.isnan(self.first_wide):
+                self.first_wide = float(levels[0])
+            cm = np.minimum.accumulate(np.minimum(levels, self.best_wide))
+            # the scatter where each running best was set (the first of equal levels)
+            lower = levels < np.concatenate(([self.best_wide], cm[:-1]))
+            setter = np.maximum.accumulate(np.where(lower, np.arange(len(levels)), -1))
+            mad = 1.4826 * np.median(np.abs(windows - levels[:, None]), axis=1)
+            at_best = np.where(setter >= 0, mad[np.clip(setter, 0, None)], self.noise_wide)
+            k = np.arange(m) - _WIDE + lag  # the last level ending before point j of v
+            best[k >= 0], noise[k >= 0] = cm[k[k >= 0]], at_best[k[k >= 0]]
+            self.best_wide, self.noise_wide = float(cm[-1]), float(at_best[-1])
+        self.last_wide = w[-(_WIDE - 1):].tolist()
+        return best, noise, self.first_wide
 
     def verdict(self, p: DivergenceParams) -> _Climb | None:
         """The stretch to report: the first going on or ended within recover_points, else
@@ -434,9 +494,16 @@ class Divergence(Rule):
         if c is None:
             return None
         level = float(np.median(c.head))
-        what = (f"climbed to over {p.regress_factor:g}x its best level ({c.best:.4g}) "
-                f"for {c.length} points in a row")
+        first, wide = c.wide
         evidence = {"best_level": c.best, "level": level, "ratio": level / c.best}
+        if level >= p.regress_factor * c.best or not np.isfinite(first - wide):
+            what = (f"climbed to over {p.regress_factor:g}x its best level ({c.best:.4g}) "
+                    f"for {c.length} points in a row")
+        else:  # the undo test
+            undone = (level - wide) / (first - wide)
+            what = (f"gave back {min(undone, 1.0):.0%} of what it had learnt (from {first:.4g} "
+                    f"down to {wide:.4g}, back up to {level:.4g}) for {c.length} points in a row")
+            evidence.update(first_level=first, best_wide_level=wide, undone=undone)
         if c.back is None or t.nf - c.end < p.recover_points:
             f = self._finding(job, s, t, c.at, None, Severity.CRITICAL, what)
             f.evidence.update(kind="regressed", **evidence)
