@@ -126,6 +126,7 @@ def completed(s: Series, f: Finding, d: DivergenceParams) -> float:
     points in a row from the finding's first one (its step)."""
     ok = np.isfinite(s.value)
     steps = s.step[ok]
+    assert f.step is not None
     i = int(np.searchsorted(steps, f.step))
     return float(steps[min(i + d.regress_points - 1, len(steps) - 1)])
 
