@@ -7,12 +7,15 @@ cumulative time field that defines the time axis instead of becoming a series.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
 from trainguard.adapters.local.errors import FormatError
+from trainguard.adapters.local.metric import PLANNED, STEP, MetricDefinition
+
+__all__ = ["DEFAULT_DEFINITIONS", "PLANNED", "STEP", "MetricDefinition", "load_definitions",
+           "parse_metric_option"]
 
 # A number as training logs print it, including nan and inf, so a bad value is kept and
 # a word such as "loss: high" never matches.
@@ -24,28 +27,6 @@ def at_word_start(key: str) -> str:
     lookbehind after the key, not before it, so the regex keeps its literal prefix and
     searches fast."""
     return key + r"(?<![\w.]" + key + ")"
-
-
-STEP = "step"
-PLANNED = "planned_steps"
-
-
-@dataclass(frozen=True)
-class MetricDefinition:
-    name: str  # the series name, e.g. "val_loss"
-    regex: str  # one capture group holds the value
-    time: bool = False  # a cumulative time field (the time axis), not a series
-    scale: float = 1.0  # multiply the captured value (e.g. 0.001 for ms -> s)
-
-    def compile(self) -> re.Pattern[str]:
-        try:
-            rx = re.compile(self.regex)
-        except re.error as e:
-            raise ValueError(f"metric {self.name!r}: bad regex {self.regex!r}: {e}") from e
-        if rx.groups != 1:
-            raise ValueError(f"metric {self.name!r}: regex {self.regex!r} must have exactly "
-                             f"one capture group, it has {rx.groups}")
-        return rx
 
 
 def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
@@ -145,8 +126,5 @@ def load_definitions(path: str | Path) -> list[MetricDefinition]:
     return out
 
 
-# The lines trainguard.emit writes. Imported here, at the end, because emit_format builds
-# on MetricDefinition above; the package's __init__ always loads this module first.
-from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS  # noqa: E402
-
+# The lines trainguard.emit writes (adapters/local/emit_format.py) are read by default too.
 DEFAULT_DEFINITIONS = (*DEFAULT_DEFINITIONS, *EMIT_DEFINITIONS)

@@ -12,7 +12,7 @@ into the pause, one series per known phase too: ``heartbeat/eval``), ``resume`` 
 
 from __future__ import annotations
 
-from trainguard.adapters.local.definitions import PLANNED, STEP, MetricDefinition
+from trainguard.adapters.local.metric import PLANNED, STEP, MetricDefinition
 
 # the numbers emit writes: %.7g, and nan, inf, -inf in lower case
 EMIT_NUM = r"([-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf))"

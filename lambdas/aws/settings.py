@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trainguard
 from trainguard.config import ConfigError
 from trainguard.config.settings.aws import (
     DEFAULT_IDEMPOTENCY_TTL_S,
@@ -26,8 +25,9 @@ from trainguard.config.settings.aws import (
 )
 
 #: the zip's root, where stacks/package.py lays ``policy.yaml``: the folder holding the
-#: ``trainguard`` package (the repository's root when run from a checkout)
-PACKAGE_ROOT = Path(trainguard.__file__).resolve().parent.parent
+#: ``trainguard`` package, three up from trainguard/lambdas/aws/settings.py. Not resolved:
+#: in a checkout trainguard/lambdas is a link, and its target's parents are elsewhere.
+PACKAGE_ROOT = Path(__file__).absolute().parents[3]
 
 
 def policy_path(settings: Settings) -> Path:

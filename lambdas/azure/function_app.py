@@ -66,7 +66,7 @@ class TickFailed(RuntimeError):
     """The tick ran but could not see the jobs: the invocation is marked failed."""
 
 
-def load_policy(settings: Settings) -> Policy:
+def policy_for(settings: Settings) -> Policy:
     """The settings' policy as the Function runs it: without ``STOP_ENABLED=true`` in
     dry run (the identity then holds no cancel right, and a refused stop is never
     retried). A relative path is against the app root, which the host names."""
@@ -97,7 +97,7 @@ def credential() -> TokenCredential:
 def run(settings: Settings, now: float, cred: TokenCredential,
         rules: list[Rule] | None = None) -> TickReport:
     """One tick: Azure ML jobs -> the shared tick -> Table state, webhook, metric."""
-    policy = load_policy(settings)
+    policy = policy_for(settings)
     opts = {"subscription": settings.subscription, "resource_group": settings.resource_group,
             "workspace": settings.workspace}
     optional = {"endpoint": settings.ml_endpoint, "ca_file": settings.ml_ca_file,
