@@ -92,9 +92,9 @@ class Slowdown(Rule):
         share = 1.0 - slow / base
         lost_h = (last - onset) * share / 3600.0
         to_end_h = 0.0
-        prog = cost.progress(job)
-        if job.planned_steps and prog is not None and len(prog) and scan.kind == "steps":
-            remaining = max(job.planned_steps - float(np.nanmax(prog.step)), 0.0)
+        if job.planned_steps and scan.kind == "steps" and scan.last is not None:
+            # the steps left at the slow speed instead of the baseline's
+            remaining = max(job.planned_steps - scan.last[1], 0.0)
             to_end_h = remaining * (1.0 / slow - 1.0 / base) / 3600.0
         rate = cost.hourly_cost(job, ctx.policy)
         extra = rate * (lost_h + to_end_h) if rate is not None else None
