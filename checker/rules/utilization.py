@@ -3,6 +3,8 @@
 Anchor: SageMaker Debugger LowGPUUtilization (p95 < 70 % is under-use, p5 < 10 %
 is fluctuation, window 500 samples). This rule says what the idle share of the
 GPUs cost over the window, so a team can rank the waste, not just see a percentage.
+With each host's series (``Job.hosts``) the message names the under-used hosts: one idle
+node among busy ones is a different fix from all of them waiting.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class Utilization(Rule):
             return []
         severity = Severity.CRITICAL if p95 < p.idle_p95 else Severity.WARNING
         money = f", about ${waste:,.2f} of GPU time wasted" if waste is not None else ""
+        low = _low_hosts(job, s.name, ctx.now - p.window_seconds, p.underuse_p95)
+        if low is not None:
+            money += f"; {low}"
         return [Finding(
             job_id=job.id, rule=self.name, severity=severity,
             message=(f"GPUs {'idle' if severity is Severity.CRITICAL else 'under-used'}: "
@@ -64,3 +69,19 @@ class Utilization(Rule):
                       "mean_util": mean, "p95_util": p95, "p5_util": p5,
                       "window_min": span_h * 60, "wasted_usd": waste},
         )]
+
+
+def _low_hosts(job: Job, name: str, since: float, under: float) -> str | None:
+    """Which hosts are under-used, when the source gives each host's series."""
+    p95s = {}
+    for host, hs in job.host_series(name).items():
+        v = hs.value[int(np.searchsorted(hs.time, since, side="left")):]
+        v = v[np.isfinite(v)]
+        if len(v):
+            p95s[host] = quantile(v, 0.95)
+    if len(p95s) < 2:
+        return None
+    low = sorted(h for h, q in p95s.items() if q < under)
+    if len(low) == len(p95s):
+        return f"all {len(p95s)} hosts alike"
+    return f"under-used: {', '.join(low)} (of {len(p95s)} hosts)" if low else None
