@@ -99,7 +99,7 @@ class Slowdown(Rule):
         rate = cost.hourly_cost(job, ctx.policy)
         extra = rate * (lost_h + to_end_h) if rate is not None else None
         who, host_ev = self._hosts(job, onset, last)
-        unit = "steps/s" if scan.kind == "steps" else f"{src.name}"
+        unit = "steps/s" if scan.kind == "steps" else f"({src.name})"
         money = ""
         if rate is not None:
             money = (f"; ${rate * lost_h:,.2f} lost so far"
