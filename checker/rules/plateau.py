@@ -181,7 +181,7 @@ class Plateau(Rule):
         lo = self._window_start(job, x)
         win = self._flat(x[lo:], v[lo:], sign)
         if win is None or not win[0]:
-            return []
+            return self._never(job, ctx, s, v, idx, sign)
         _, improvement, se, level = win
         whole = self._flat(x, v, sign, learnt=True)
         if whole is not None and whole[0] and not self._training_learnt(job, ctx, s):
@@ -194,6 +194,9 @@ class Plateau(Rule):
                 {"points": len(v) - lo, "rel_improvement": improvement / level,
                  "run_rel_improvement": run_improvement / level, "noise_se": se / level,
                  "level": level})]
+        never = self._never(job, ctx, s, v, idx, sign)
+        if never:
+            return never
         return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level)]
 
     # --------------------------------------------------------------------- the tests
@@ -225,6 +228,66 @@ class Plateau(Rule):
         confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
         margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
         return improvement + margin < p.min_rel_improvement * level, improvement, se, level
+
+    def _never(self, job: Job, ctx: Context, s: Series, v: FloatArray, idx: np.ndarray,
+               sign: float) -> list[Finding]:
+        """*Not learning* for a run that never improved on its first value (and whose
+        training loss did not fall either), where the window test found no plateau or
+        took it for convergence: its recent trend may be down, recovering part of a loss."""
+        never = self._never_improved(v, sign)
+        if never is None or self._training_fell(job, ctx, s):
+            return []
+        improvement, best, level = never
+        return [self._finding(
+            job, s, int(idx[0]), Severity.WARNING, "flat",
+            f"{s.name} never improved on its first value {v[0]:.4g} in {len(v)} points "
+            f"(best since {best:.4g}, {improvement / level:+.2%}): not learning",
+            {"points": len(v), "rel_improvement": improvement / level, "first": float(v[0]),
+             "best_since": best, "level": level, "never_improved": True})]
+
+    def _never_improved(self, v: FloatArray, sign: float
+                        ) -> tuple[float, float, float] | None:
+        """(improvement, best since, level) when no later level (median of three) was ever
+        confidently better than the first value: a run that got worse from its first
+        evaluation and never came back, whatever its recent trend. The first value's noise
+        is the margin, so a first point that is merely low by chance does not count; the
+        later best is the least of many medians, already biased towards "improved"."""
+        p: PlateauParams = self.params
+        later = rolling_median3(v[1:]) if len(v) >= 4 else v[1:]
+        if len(later) == 0:
+            return None
+        best = float(np.min(later)) if sign > 0 else float(np.max(later))
+        improvement = sign * (float(v[0]) - best)
+        level = abs(median(v))
+        if level == 0:
+            return None
+        se = diff_sigma(v)
+        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
+        margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
+        if improvement + margin < p.min_rel_improvement * level:
+            return improvement, best, level
+        return None
+
+    def _training_fell(self, job: Job, ctx: Context, s: Series) -> bool:
+        """A training loss that fell at all (its last third below its first), for a
+        held-out objective: the model learns something, so a held-out loss that never
+        improved is overfitting (the ``overfit`` rule's business), not a model that learns
+        nothing. Few points are enough here: it only holds a warning back."""
+        if not is_eval(s.name):
+            return False
+        train = training_objective(job, ctx.policy)
+        if train is None:
+            return False
+        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
+        ok = np.isfinite(t.value)
+        x, v = _axis(job, t)[ok], t.value[ok]
+        if len(v) < 2:
+            return False
+        head, tail = span_thirds(x)
+        if not head.any() or not tail.any():
+            return False
+        drop = median(v[head]) - median(v[tail])
+        return bool(drop > self.params.min_rel_improvement * abs(median(v)))
 
     def _training_learnt(self, job: Job, ctx: Context, s: Series) -> bool:
         """A held-out metric that never improved while the training loss did: the model
