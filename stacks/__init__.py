@@ -1,4 +1,4 @@
 """CDK Terrain (cdktn) stacks, one per cloud, instantiated per environment from
 ``environments/*.yaml``: ``stacks.aws``, ``stacks.azure``, ``stacks.openshift``; the
-app is ``python -m stacks`` (``cdktf.json``). They import ``checker`` only for the rule
+app is ``python -m trainguard.stacks`` (``cdktf.json``). They import ``checker`` only for the rule
 parameters and log signatures they turn into alarms, and package the rest."""
