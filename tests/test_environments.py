@@ -159,7 +159,7 @@ def test_bad_schedules(text: str) -> None:
 
 
 def test_the_app_reports_problems_without_a_traceback(tmp_path: Path) -> None:
-    """``python -m trainguard.stacks`` on a folder with a broken file: exit 2, one line per problem."""
+    """``python -m trainguard.stacks`` on a folder with a broken file: exit 2, a line each."""
     write(tmp_path, "prod", AWS.format(name="prod").replace("cloud: aws", "cloud: gcp"))
     env = {**os.environ, "TRAINGUARD_ENVIRONMENTS": str(tmp_path),
            "CDKTF_OUTDIR": str(tmp_path / "out"),
