@@ -44,7 +44,8 @@ from trainguard.checker.evaluate import evaluate
 from trainguard.checker.model import Action, Finding, Job, JobState, Series, Severity
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Rule
-from trainguard.lambdas import trust
+from trainguard.lambdas import fleet, trust
+from trainguard.lambdas.fleet import Fleet
 from trainguard.lambdas.state import (
     AuditAction,
     AuditRecord,
@@ -125,6 +126,7 @@ class TickReport:
     store_errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     writes: int = 0  # job memories written or deleted
+    fleet: Fleet = field(default_factory=Fleet)  # spend, verdicts, savings (dashboards)
 
     @property
     def stops(self) -> list[AuditRecord]:
@@ -188,6 +190,7 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
     report = TickReport(time=now)
     listed = _list_jobs(sources, now, report)
     report.findings = _evaluate(listed, policy, now, rules, report)
+    report.fleet = fleet.summarise([job for _, job in listed], report.findings, policy)
 
     memories = _store("load job memory", store.load_all)
     # The tick clock: one small memory counting saved ticks, so a lasting finding's
@@ -225,6 +228,8 @@ def tick(sources: Sequence[Source], policy: Policy, store: StateStore,
                             ) from e
 
     stopped = _carry_out(to_stop, policy, report, now)
+    report.fleet.saved_usd = sum(fleet.saved(s.job, policy, now) for s in seen.values()
+                                 if s.key in stopped)
     _snapshot(seen, now)  # the alarms say what the stops did
     for s in seen.values():
         if s.key in stopped:

@@ -51,6 +51,7 @@ from trainguard.checker.registry import rule_names
 from trainguard.config.settings.aws import Settings as AwsSettings
 from trainguard.stacks import package
 from trainguard.stacks.base import covers, local_state
+from trainguard.stacks.dashboards import cloudwatch
 from trainguard.stacks.environment import AwsEnvironment, Environment, TrainingLogGroup
 
 #: the findings metrics the Lambda publishes (EMF); tests/test_seams.py holds them equal
@@ -394,25 +395,8 @@ class AwsStack(TerraformStack):
                     alarm_actions=actions, ok_actions=actions)
 
     def _dashboard(self) -> None:
-        spec = self.spec
-
-        def search(metric: str, dims: str, stat: str) -> list[list[dict[str, str]]]:
-            return [[{"expression": f"SEARCH('{{{NAMESPACE},{dims}}} MetricName=\"{metric}\" "
-                                    f"account=\"{spec.account}\"', '{stat}', 300)",
-                      "id": "e1"}]]
-
-        def widget(x: int, title: str, metrics: Any, stacked: bool) -> dict[str, Any]:
-            return {"type": "metric", "x": x, "y": 0, "width": 8, "height": 6,
-                    "properties": {"title": title, "region": spec.region, "stacked": stacked,
-                                   "view": "timeSeries", "metrics": metrics}}
-
-        body = {"widgets": [
-            widget(0, "Spend burn ($/h of running jobs)", search(SPEND, "account", "Average"),
-                   True),
-            widget(8, "Findings by rule and severity",
-                   search(FINDINGS, "account,rule,severity", "Maximum"), False),
-            widget(16, "Jobs by verdict", search(JOBS, "account,verdict", "Average"), True),
-        ]}
+        """The fleet views and one tile per rule (stacks/dashboards/cloudwatch.py)."""
+        body = cloudwatch.dashboard_body(self.spec.account, self.spec.region)
         CloudwatchDashboard(self, "dashboard", dashboard_name=self.prefix,
                             dashboard_body=json.dumps(body, sort_keys=True))
 

@@ -22,6 +22,7 @@ from cdktn import (
     TerraformStack,
 )
 from cdktn_provider_azurerm.application_insights import ApplicationInsights
+from cdktn_provider_azurerm.application_insights_workbook import ApplicationInsightsWorkbook
 from cdktn_provider_azurerm.consumption_budget_subscription import (
     ConsumptionBudgetSubscription,
     ConsumptionBudgetSubscriptionNotification,
@@ -75,6 +76,7 @@ from trainguard.checker.signatures import SIGNATURES
 from trainguard.stacks import package
 from trainguard.config.settings.azure import Settings as AzureSettings
 from trainguard.stacks.base import covers, local_state
+from trainguard.stacks.dashboards import workbook
 from trainguard.stacks.environment import AzureEnvironment, Environment, Webhook
 
 #: the custom metric lambdas/azure posts (Azure Monitor custom metrics REST API) on the
@@ -164,6 +166,7 @@ class AzureStack(TerraformStack):
         self._metric_alerts()
         self._log_alerts()
         self._budgets()
+        self._workbook()
         TerraformOutput(self, "function_app", value=self.function.name)
         TerraformOutput(self, "action_group_id", value=self.action_group.id)
 
@@ -361,6 +364,18 @@ class AzureStack(TerraformStack):
                 # validated at deploy: a workspace without the table fails the apply
                 skip_query_validation=False,
                 tags=self.tags)
+
+    def _workbook(self) -> None:
+        """The fleet views and one tile per rule (stacks/dashboards/workbook.py)."""
+        spec = self.spec
+        ml = (f"/subscriptions/{spec.subscription}/resourceGroups/"
+              f"{spec.ml_workspace.resource_group}/providers/"
+              f"Microsoft.MachineLearningServices/workspaces/{spec.ml_workspace.name}")
+        ApplicationInsightsWorkbook(
+            self, "workbook", name=workbook.workbook_name(spec.name),
+            resource_group_name=self.group.name, location=self.group.location,
+            display_name=f"trainguard {spec.name}", source_id=Fn.lower(self.insights.id),
+            data_json=workbook.dumps(self.insights.id, ml), tags=self.tags)
 
     def _budgets(self) -> None:
         """A consumption budget per monthly policy budget covering this subscription

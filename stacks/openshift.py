@@ -55,6 +55,7 @@ from trainguard.checker.signatures import SIGNATURES
 from trainguard.config.settings.k8s import Settings as K8sSettings
 from trainguard.stacks import admission
 from trainguard.stacks.base import local_state
+from trainguard.stacks.dashboards import kubernetes as dashboards
 from trainguard.stacks.environment import Environment, OpenshiftEnvironment
 from trainguard.stacks.prometheus_rules import SCRAPE_SECONDS, rule_groups, watchdog_rules
 
@@ -164,6 +165,7 @@ class OpenshiftStack(TerraformStack):
         self._rbac()
         self._cron_job()
         self._monitoring()
+        self._dashboards()
         if spec.log_shipping == "loki":
             self._loki()
         else:
@@ -347,6 +349,20 @@ class OpenshiftStack(TerraformStack):
                            "podMetricsEndpoints": [{"port": DCGM["port"],
                                                     "interval": f"{SCRAPE_SECONDS}s",
                                                     "honorLabels": True}]})
+
+    def _dashboards(self) -> None:
+        """The Grafana dashboard (stacks/dashboards): in the console, and for the
+        grafana-operator's Grafanas the environment names."""
+        spec = self.spec
+        if spec.console_dashboard:
+            ConfigMapV1(self, "console_dashboard", metadata=ConfigMapV1Metadata(
+                name=dashboards.NAME, namespace=dashboards.CONSOLE_NAMESPACE,
+                labels={**self.labels, dashboards.CONSOLE_LABEL: "true"}),
+                data=dashboards.console_data())
+        if spec.grafana_instance_labels:
+            self._manifest("grafana_dashboard", dashboards.OPERATOR_API, "GrafanaDashboard",
+                           dashboards.NAME, spec.namespace,
+                           dashboards.operator_spec(spec.grafana_instance_labels))
 
     # --- log shipping -------------------------------------------------------------------
 

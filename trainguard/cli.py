@@ -608,6 +608,14 @@ from trainguard.preflight import command as preflight  # noqa: E402
 
 app.command("preflight")(preflight)
 
+from trainguard.dashboards_cmd import dashboards  # noqa: E402
+
+app.command("dashboards")(dashboards)
+
+from trainguard.gate_cmd import gate  # noqa: E402
+
+app.command("gate")(gate)
+
 
 def main() -> None:  # pragma: no cover - the console script
     app()

@@ -3,9 +3,10 @@
 * Metrics in the ``trainguard`` namespace, the ones the stack's CloudWatch alarms and
   dashboard read (keep the names in step with ``stacks/aws.py``; a test checks):
   ``Findings`` (dimensions account, rule, severity: the findings of a tick),
-  ``SpendUSDPerHour`` (account: the hourly burn of the running jobs) and ``Jobs``
-  (account, verdict). In Lambda they are EMF lines on stdout (``EmfWriter``, powertools):
-  no API call, no throttling. Elsewhere ``PutMetricDataWriter`` sends them.
+  ``SpendUSDPerHour`` (account: the hourly burn of the running jobs), ``Jobs``
+  (account, verdict) and ``SavedUSD`` (account: what the tick's stops saved). In Lambda
+  they are EMF lines on stdout (``EmfWriter``, powertools): no API call, no throttling.
+  Elsewhere ``PutMetricDataWriter`` sends them.
 * ``SnsAlarmSink``: one SNS message a person can act on (``lambdas.message``) for each
   new critical finding, and one when such a finding resolves. Warnings and reminders
   reach people through the CloudWatch alarms on ``Findings`` instead.
@@ -33,6 +34,7 @@ NAMESPACE = "trainguard"
 FINDINGS = "Findings"
 SPEND = "SpendUSDPerHour"
 JOBS = "Jobs"
+SAVED = "SavedUSD"  # dimensions: account; what the tick's stops kept from being spent
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def account_of(job: Job) -> str:
 
 
 def tick_metrics(jobs: Sequence[Job], findings: Sequence[Finding], policy: Policy,
-                 ) -> list[Datum]:
+                 saved_usd: float = 0.0) -> list[Datum]:
     """The tick as metrics: findings per account, rule and severity; the hourly spend of
     running jobs and the jobs per verdict, per account."""
     account = {j.id: account_of(j) for j in jobs}
@@ -73,6 +75,9 @@ def tick_metrics(jobs: Sequence[Job], findings: Sequence[Finding], policy: Polic
     out += [Datum(SPEND, (("account", a),), round(v, 4), "None") for a, v in sorted(spend.items())]
     out += [Datum(JOBS, (("account", a), ("verdict", v)), float(n), "Count")
             for (a, v), n in sorted(verdicts.items())]
+    # one account per deployment: the tick's savings go to the account of its jobs
+    out += [Datum(SAVED, (("account", a),), round(saved_usd, 2), "None")
+            for a in sorted(spend)[:1]]
     return out
 
 

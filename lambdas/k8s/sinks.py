@@ -193,6 +193,17 @@ def tick_registry(report: TickReport, seconds: float, finished: float) -> Collec
         stops.labels(str(a.dry_run).lower()).inc()
     Gauge("trainguard_tick_seconds", "how long the last tick took",
           registry=registry).set(seconds)
+    # the fleet at a glance (lambdas/fleet.py), what the dashboards draw
+    Gauge("trainguard_spend_usd_per_hour", "hourly cost of the running jobs",
+          registry=registry).set(report.fleet.burn_usd_per_hour)
+    verdicts = Gauge("trainguard_jobs_by_verdict", "jobs per verdict in the last tick",
+                     ["verdict"], registry=registry)
+    for name, n in report.fleet.verdicts.items():
+        verdicts.labels(name).set(n)
+    dry = str(bool(report.stops) and all(a.dry_run for a in report.stops)).lower()
+    Gauge("trainguard_saved_usd", "projected spend the last tick's stops kept from being "
+          "spent (dry run: would have)", ["dry_run"], registry=registry
+          ).labels(dry).set(report.fleet.saved_usd)
     Gauge("trainguard_last_tick_timestamp_seconds", "when the last tick ended",
           registry=registry).set(finished)
     return registry

@@ -49,7 +49,8 @@ class Schedule(Route):
             store.consume_event(p)
         for q in logs:
             store.consume_logs(q)
-        rt.metrics.write(tick_metrics(source.jobs, report.findings, rt.policy))
+        rt.metrics.write(tick_metrics(source.jobs, report.findings, rt.policy,
+                                      report.fleet.saved_usd))
         return report_tick(rt, report)
 
 
