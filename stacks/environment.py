@@ -499,11 +499,6 @@ class OpenshiftEnvironment(Common):
     #: labels of the grafana-operator's Grafana instances that import the dashboard (a
     #: GrafanaDashboard); none: no GrafanaDashboard (it needs the operator's CRD)
     grafana_instance_labels: dict[str, str] | None = None
-    #: the Grafana dashboard in the OpenShift console (Observe > Dashboards)
-    console_dashboard: bool = True
-    #: labels of the grafana-operator's Grafana instances that import the dashboard (a
-    #: GrafanaDashboard); none: no GrafanaDashboard (it needs the operator's CRD)
-    grafana_instance_labels: dict[str, str] | None = None
 
 
 #: cloud name -> its environment model
