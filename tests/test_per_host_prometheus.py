@@ -24,7 +24,8 @@ from trainguard.adapters.prometheus import (
     load_mapping,
 )
 from trainguard.checker.evaluate import evaluate
-from trainguard.checker.policy import Policy
+from trainguard.checker.policy import Policy, RuleConfig
+from trainguard.checker.rules.rightsizing import Rightsizing
 from trainguard.checker.rules.slowdown import Slowdown
 
 NS = "ml-team"
@@ -61,6 +62,15 @@ def dataset(now: float) -> list[Samples]:
             out += [("DCGM_FI_DEV_GPU_UTIL", labels, t, _util(pod, k)),
                     ("DCGM_FI_DEV_FB_USED", labels, t, used),
                     ("DCGM_FI_DEV_FB_FREE", labels, t, TOTAL_MIB - used)]
+    # a job that asked for two GPUs per pod and uses one
+    for pod in ("idle-gpus-worker-0", "idle-gpus-worker-1"):
+        for g in range(2):
+            labels = {"pod": pod, "gpu": str(g), "namespace": NS}
+            used = np.full(len(t), 12_288.0 if g == 0 else 0.0)
+            out += [("DCGM_FI_DEV_GPU_UTIL", labels, t, np.full(len(t), 95.0 if g == 0 else 0.0)),
+                    ("DCGM_FI_DEV_FB_USED", labels, t, used),
+                    ("DCGM_FI_DEV_FB_FREE", labels, t, TOTAL_MIB - used)]
+    out += [("trainguard_step", {"run": "idle-gpus", "namespace": NS}, t, steps)]
     # a pod of another job on the same node, and one of the same name in another namespace
     other = {"pod": "bert-ft-large-worker-0", "gpu": "0", "namespace": NS}
     forged = {"pod": "bert-ft-worker-0", "gpu": "0", "namespace": "elsewhere"}
@@ -133,3 +143,22 @@ def test_devices_can_be_switched_off_and_must_name_labels() -> None:
         load_mapping({"devices": ["DCGM_FI_DEV_GPU_UTIL"]})
 
 
+
+
+def test_gpus_asked_for_and_unused_are_priced_per_gpu_hour(server: tuple[Server, float]) -> None:
+    """A Kubernetes job has no instance type in the price book: rightsizing says how many
+    of its GPUs sit unused, at the policy's GPU-hour price; none for a job using them all."""
+    s, now = server
+    adapter = PrometheusAdapter(_metrics(s.url))
+    policy = Policy()
+    policy.cost.gpu_hour_usd = 4.0
+    policy.rules["rightsizing"] = RuleConfig(params={"min_window_seconds": 3600})
+    rule = Rightsizing(policy.rule("rightsizing").params)
+    idle = adapter.read_job("idle-gpus", now)
+    idle.gpus_per_instance, idle.instance_count = 2, 2
+    [f] = evaluate([idle], policy, now, rules=[rule])
+    assert (f.evidence["unused_gpus"], f.evidence["gpus"]) == (2, 4)
+    assert f.evidence["saving_usd_per_hour"] == pytest.approx(8.0)
+    assert "2 of 4 GPUs unused" in f.message and "ask for 2" in f.message
+    busy = adapter.read_job("bert-ft", now)
+    assert evaluate([busy], policy, now, rules=[rule]) == []

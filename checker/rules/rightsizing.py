@@ -12,6 +12,9 @@ the remaining run. A job is never spread over more hosts than it runs on. GPUs t
 per-GPU data shows unused (peak memory and use both below
 ``unused_percent``) are not counted as needed; without per-GPU data every GPU is.
 
+A job whose type the book does not know (a Kubernetes node, an on-prem machine) is told
+only how many of its GPUs the per-GPU data shows unused, priced per GPU-hour.
+
 Info by default: a policy may raise it (``actions``). Memory from ``gpu_mem_used_gb``
 when a source gives bytes (DCGM, ``trainguard.emit`` from
 ``torch.cuda.max_memory_allocated``), else ``gpu_mem`` (percent) x the type's GB per
@@ -56,13 +59,17 @@ class Rightsizing(Rule):
 
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         p: RightsizingParams = self.params
-        spec = gpu_spec(job.instance_type or "")
-        if spec is None or job.clock == "step" or not job.instance_type:
+        if job.clock == "step":
             return []
-        gpus, model, gb, tflops = spec
-        alias = ctx.policy.metrics.get
         state = ctx.state if ctx.state is not None else {}
         seen = _Peaks(state)
+        spec = gpu_spec(job.instance_type or "")
+        if spec is None or not job.instance_type:
+            # no type to compare (a Kubernetes node, an on-prem machine): GPUs asked for
+            # and never used are still money, per GPU-hour
+            return self._unused_only(job, ctx, seen)
+        gpus, model, gb, tflops = spec
+        alias = ctx.policy.metrics.get
         pct = seen.peak(job, alias(p.memory_metric, p.memory_metric))
         abs_gb = seen.peak(job, alias(p.memory_gb_metric, p.memory_gb_metric))
         peak_gb = max(abs_gb.peak, pct.peak / 100.0 * gb)
@@ -128,6 +135,29 @@ class Rightsizing(Rule):
         )]
 
 
+    def _unused_only(self, job: Job, ctx: Context, seen: _Peaks) -> list[Finding]:
+        """GPUs the per-GPU data shows unused over the window, priced per GPU-hour."""
+        p: RightsizingParams = self.params
+        unused = seen.unused_gpus(job, p)
+        total = job.gpu_count or seen.gpus_seen(job, p)
+        if not unused or seen.gpu_span < p.min_window_seconds or total <= unused:
+            return []
+        rate = cost.hourly_cost(job, ctx.policy)
+        per_gpu = ctx.policy.cost.gpu_hour_usd or (rate / total if rate else None)
+        saving = unused * per_gpu if per_gpu else None
+        money = f": saves ${saving:,.2f}/h" if saving is not None else ""
+        return [Finding(
+            job_id=job.id, rule=self.name, severity=Severity.INFO,
+            message=(f"{unused} of {total} GPUs unused over {seen.gpu_span / 3600:.1f} h "
+                     f"(peak memory and p95 use under {p.unused_percent:g} %): ask for "
+                     f"{total - unused}{money}"),
+            started_at=None, step=None,
+            evidence={"kind": "unused_gpus", "unused_gpus": unused, "gpus": total,
+                      "watched_hours": seen.gpu_span / 3600,
+                      "saving_usd_per_hour": saving},
+        )]
+
+
 def _region(job: Job, ctx: Context) -> str:
     """Where the job is priced: the policy's region, else the region its price came from."""
     found = lookup(job.instance_type or "", ctx.policy.cost.region)
@@ -149,6 +179,7 @@ class _Peaks:
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
+        self.gpu_span = 0.0  # the longest per-GPU series ``unused_gpus`` read
 
     def _series(self, job: Job, name: str) -> list[tuple[str, Series]]:
         out = []
@@ -193,17 +224,23 @@ class _Peaks:
             return None
         return float(np.searchsorted(np.cumsum(hist), 0.95 * hist.sum()))
 
+    def gpus_seen(self, job: Job, p: RightsizingParams) -> int:
+        """GPUs with their own memory series."""
+        return sum(1 for by in job.hosts.values() for k in by
+                   if k.startswith(p.memory_metric + "/gpu"))
+
     def unused_gpus(self, job: Job, p: RightsizingParams) -> int:
         """GPUs whose per-GPU series show them unused: peak memory and p95 use below
         ``unused_percent``. Without per-GPU series, none."""
         unused = 0
         for host, by in job.hosts.items():
             gpus = {k.split("/gpu", 1)[1] for k in by if "/gpu" in k}
-            for g in gpus:
+            for g in sorted(gpus):
                 mem, use = by.get(f"{p.memory_metric}/gpu{g}"), by.get(f"{p.util_metric}/gpu{g}")
                 if mem is None or use is None or not len(mem) or not len(use):
                     continue
                 m = self._fold(f"{p.memory_metric}|{host}:{p.memory_metric}/gpu{g}", mem)
+                self.gpu_span = max(self.gpu_span, m["span"])
                 u = self._fold(f"{p.util_metric}|{host}:{p.util_metric}/gpu{g}", use)["hist"]
                 p95 = float(np.searchsorted(np.cumsum(u), 0.95 * u.sum())) if u.sum() else 0.0
                 if m["max"] < p.unused_percent and p95 < p.unused_percent:
