@@ -246,8 +246,9 @@ def test_aws_lambda_package_holds_this_commit(stacks: dict[str, Stack], outdir: 
         assert names == sorted(names)
         for path in [*sorted((ROOT / "checker").rglob("*.py")),
                      *sorted((ROOT / "lambdas").rglob("*.py")),
-                     ROOT / "trainguard" / "policy.py"]:
-            rel = path.relative_to(ROOT).as_posix()
+                     *sorted((ROOT / "config").rglob("*.py")),
+                     ROOT / "config" / "default-policy.yaml"]:
+            rel = f"trainguard/{path.relative_to(ROOT).as_posix()}"  # one namespace
             assert zf.read(rel) == path.read_bytes(), f"{rel} in the package is not this commit's"
         assert zf.read("policy.yaml") == (ROOT / "policies" / "production-stops.yaml").read_bytes()
         for top in ("numpy/", "yaml/", "pydantic/", "pydantic_core/", "aws_lambda_powertools/"):
