@@ -23,8 +23,10 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +71,9 @@ class DivergenceParams:
         "learnt something to undo), for regress_points points in a row...")
     undo_noise: float = param(
         6.0, "... and what it had learnt (first level minus best) is at least this many "
-        "times the scatter of the points at its best (1.4826 MAD of those 9): the best of "
-        "a noisy loss is a lucky dip, and its points reach back up often")
+        "times the point scatter (from first differences: the median over blocks of 16 "
+        "points of their median step): the best of a noisy loss is a lucky dip, and its "
+        "points reach back up often")
 
 
 def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArray]:
@@ -242,6 +245,33 @@ class _Blowups(Track):
                 self.open = None
 
 
+def _scatter(blocks: FloatArray) -> Any:
+    """Point scatter of each block (the last axis) from its first differences:
+    1.4826 x median |diff| / sqrt(2); a slow trend barely moves it."""
+    return 1.4826 * np.median(np.abs(np.diff(blocks, axis=-1)), axis=-1) / math.sqrt(2)
+
+
+class _RunningMedian:
+    """The median of the values added so far (the lower middle one of an even count), in
+    O(log n) per value: two heaps."""
+
+    def __init__(self) -> None:
+        self.low: list[float] = []  # the lower half, negated (a max-heap)
+        self.high: list[float] = []  # the upper half
+        self.value = math.inf  # none yet: no scatter is known
+
+    def add(self, x: float) -> None:
+        if self.low and x > -self.low[0]:
+            heapq.heappush(self.high, x)
+        else:
+            heapq.heappush(self.low, -x)
+        if len(self.low) > len(self.high) + 1:
+            heapq.heappush(self.high, -heapq.heappop(self.low))
+        elif len(self.high) > len(self.low):
+            heapq.heappush(self.low, -heapq.heappop(self.high))
+        self.value = -self.low[0]
+
+
 @dataclass
 class _Climb:
     """A stretch of consecutive finite points of the objective far above its best."""
@@ -273,7 +303,8 @@ class _Climbs(Track):
         self.first = math.nan  # the first level
         self.last_wide: list[float] = []  # the last eight finite points
         self.best_wide = math.inf  # the lowest level of 9 points so far
-        self.noise_wide = math.inf  # the scatter of those 9 points (1.4826 MAD)
+        self.noise = _RunningMedian()  # the scatter of the points, block by block
+        self.block: list[float] = []  # the finite points of the block being filled
         self.first_wide = math.nan  # the first level of 9 points
         self.open: _Climb | None = None
         self.pending: list[_Climb] = []  # long enough, ended less than recover_points ago
@@ -301,7 +332,7 @@ class _Climbs(Track):
         high = (x >= p.regress_factor * best
                 and x >= best + p.regress_lost * max(self.first - best, 0.0)) or (
             self.first_wide >= p.undo_learnt * wide
-            and self.first_wide - wide >= p.undo_noise * self.noise_wide
+            and self.first_wide - wide >= p.undo_noise * self.noise.value
             and x >= wide + p.undo_fraction * (self.first_wide - wide))
         self._stretch(high, at, x, best, p)
         self.low = min(self.low, x)
@@ -311,10 +342,13 @@ class _Climbs(Track):
             level = sorted(window)[_WIDE // 2]
             if math.isnan(self.first_wide):
                 self.first_wide = level
-            if level < self.best_wide:
-                self.best_wide = level
-                self.noise_wide = 1.4826 * sorted([abs(y - level) for y in window])[_WIDE // 2]
+            self.best_wide = min(self.best_wide, level)
             del window[0]
+        block = self.block
+        block.append(x)
+        if len(block) == _BLOCK:
+            self.noise.add(_scatter(np.array(block)))
+            block.clear()
         last = self.last
         if len(last) == 2:
             a, b = last
@@ -363,7 +397,8 @@ class _Climbs(Track):
         k = np.arange(m) - 3 + lag
         best = np.full(m, self.best)
         best[k >= 0] = cm[k[k >= 0]]
-        wide, noise, first_wide = self._wide(v)
+        noise = self._noise(v)
+        wide, first_wide = self._wide(v)
         with np.errstate(invalid="ignore"):
             high = ((v >= p.regress_factor * best)
                     & (v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))) | (
@@ -387,29 +422,35 @@ class _Climbs(Track):
         self.last = w[-2:].tolist()
         self.nf += m
 
-    def _wide(self, v: FloatArray) -> tuple[FloatArray, FloatArray, float]:
+    def _wide(self, v: FloatArray) -> tuple[FloatArray, float]:
         """Per point of ``v`` (the next finite points), the best level of 9 points wholly
-        before it and the scatter of those 9; and the first such level. Carries them over
-        to the next points."""
+        before it; and the first such level. Carries both over to the next points."""
         m, lag = len(v), len(self.last_wide)
         w = np.concatenate((self.last_wide, v))
-        best, noise = np.full(m, self.best_wide), np.full(m, self.noise_wide)
+        best = np.full(m, self.best_wide)
         if len(w) >= _WIDE:
-            windows = np.lib.stride_tricks.sliding_window_view(w, _WIDE)
-            levels = np.median(windows, axis=1)
+            levels = np.median(np.lib.stride_tricks.sliding_window_view(w, _WIDE), axis=1)
             if math.isnan(self.first_wide):
                 self.first_wide = float(levels[0])
             cm = np.minimum.accumulate(np.minimum(levels, self.best_wide))
-            # the scatter where each running best was set (the first of equal levels)
-            lower = levels < np.concatenate(([self.best_wide], cm[:-1]))
-            setter = np.maximum.accumulate(np.where(lower, np.arange(len(levels)), -1))
-            mad = 1.4826 * np.median(np.abs(windows - levels[:, None]), axis=1)
-            at_best = np.where(setter >= 0, mad[np.clip(setter, 0, None)], self.noise_wide)
             k = np.arange(m) - _WIDE + lag  # the last level ending before point j of v
-            best[k >= 0], noise[k >= 0] = cm[k[k >= 0]], at_best[k[k >= 0]]
-            self.best_wide, self.noise_wide = float(cm[-1]), float(at_best[-1])
+            best[k >= 0] = cm[k[k >= 0]]
+            self.best_wide = float(cm[-1])
         self.last_wide = w[-(_WIDE - 1):].tolist()
-        return best, noise, self.first_wide
+        return best, self.first_wide
+
+    def _noise(self, v: FloatArray) -> FloatArray:
+        """Per point of ``v``, the scatter of the complete blocks before it."""
+        m, lag = len(v), len(self.block)
+        w = np.concatenate((self.block, v))
+        noise = np.full(m, self.noise.value)
+        full = len(w) // _BLOCK
+        for b, x in enumerate(_scatter(w[: full * _BLOCK].reshape(full, _BLOCK)).tolist()
+                              if full else []):
+            self.noise.add(x)
+            noise[(b + 1) * _BLOCK - lag:] = self.noise.value  # points after the block
+        self.block = w[full * _BLOCK:].tolist()
+        return noise
 
     def verdict(self, p: DivergenceParams) -> _Climb | None:
         """The stretch to report: the first going on or ended within recover_points, else
