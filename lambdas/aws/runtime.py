@@ -15,7 +15,8 @@ from aws_lambda_powertools.utilities.idempotency import (
 from trainguard.adapters.sagemaker import SageMakerAdapter, from_options
 from trainguard.checker.policy import Policy
 from trainguard.config import runtime_policy
-from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore
+from trainguard.lambdas import plugins
+from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore  # registers "dynamodb"
 from trainguard.lambdas.aws.settings import SERVICE, STOP_ENABLED_ENV, Settings, policy_path
 from trainguard.lambdas.aws.sinks import EmfWriter, SnsAlarmSink
 from trainguard.lambdas.tick import AlarmSink
@@ -30,7 +31,7 @@ class Runtime:
         self.policy: Policy = runtime_policy(policy_path(settings), settings.stop_enabled,
                                              warn=logger.warning, switch=STOP_ENABLED_ENV)
         dynamodb = session.client("dynamodb", region_name=settings.region)
-        self.store = DynamoDBStore(dynamodb, settings.table)
+        self.store: DynamoDBStore = plugins.stores.get("dynamodb")(dynamodb, settings.table)
         self.adapter: SageMakerAdapter = from_options(
             {"region": settings.region, **settings.sagemaker})
         self.sns = (session.client("sns", region_name=settings.region)
@@ -48,7 +49,8 @@ class Runtime:
     def sinks(self) -> list[AlarmSink]:
         if self.sns is None or self.settings.topic_arn is None:
             return []
-        return [SnsAlarmSink(self.sns, self.settings.topic_arn, self.policy.safety.dry_run)]
+        sns: type[SnsAlarmSink] = plugins.sinks.get("sns")
+        return [sns(self.sns, self.settings.topic_arn, self.policy.safety.dry_run)]
 
 
 _RUNTIME: dict[str, Runtime] = {}

@@ -53,8 +53,9 @@ from trainguard.checker.rules.base import Rule
 from trainguard.config import ConfigError, runtime_policy
 from trainguard.config.settings.azure import Settings
 from trainguard.config.settings.base import PREFIX
-from trainguard.lambdas.azure.sinks import FindingsMetrics, WebhookSink
-from trainguard.lambdas.azure.table_state import TableStore
+from trainguard.lambdas import plugins
+from trainguard.lambdas.azure.sinks import acted_pairs  # registers the Azure sinks
+from trainguard.lambdas.azure.table_state import TableStore  # registers "table"
 from trainguard.lambdas.tick import AlarmSink, TickReport, tick
 
 log = logging.getLogger("trainguard.azure")
@@ -81,10 +82,11 @@ def policy_for(settings: Settings) -> Policy:
 
 
 def table_store(settings: Settings, credential: TokenCredential) -> TableStore:
+    table: type[TableStore] = plugins.stores.get("table")
     if settings.table_connection is not None:
-        return TableStore.from_connection_string(settings.table_connection, settings.table)
+        return table.from_connection_string(settings.table_connection, settings.table)
     assert settings.table_url is not None  # checked in from_env
-    return TableStore.from_table_url(settings.table_url, credential)
+    return table.from_table_url(settings.table_url, credential)
 
 
 def credential() -> TokenCredential:
@@ -109,8 +111,8 @@ def run(settings: Settings, now: float, cred: TokenCredential,
         raise ConfigError(f"app settings {PREFIX}ML_*: {err}") from err
     sinks: list[AlarmSink] = []
     if settings.webhook_url:
-        sinks.append(WebhookSink(settings.webhook_url, policy.safety.dry_run,
-                                 settings.webhook_min_severity))
+        sinks.append(plugins.sinks.get("webhook")(settings.webhook_url, policy.safety.dry_run,
+                                                  settings.webhook_min_severity))
     store = table_store(settings, cred)
     try:
         report = tick([source], policy, store, sinks, now, rules, interval_s=settings.interval_s)
@@ -119,9 +121,11 @@ def run(settings: Settings, now: float, cred: TokenCredential,
     for skipped in source.errors:  # jobs the adapter skipped: worth a look, not a failure
         report.warnings.append(f"{source.name}: job {skipped.ref}: {skipped.reason}")
     if settings.metrics_resource_id:
-        metrics = FindingsMetrics(settings.metrics_resource_id, settings.metrics_region or "",
-                                  cred, endpoint=settings.metrics_endpoint,
-                                  ca_file=settings.metrics_ca_file)
+        # every pair the policy acts on is said each tick: a refused resolve is said again
+        metrics = plugins.sinks.get("azure_metrics")(
+            settings.metrics_resource_id, settings.metrics_region or "", cred,
+            endpoint=settings.metrics_endpoint, ca_file=settings.metrics_ca_file,
+            watched=acted_pairs(policy))
         try:
             metrics.publish(report)
         except Exception as e:  # the alarms already sent must still count

@@ -39,8 +39,9 @@ from trainguard.checker.policy import Policy
 from trainguard.config import ConfigError, PolicyError, runtime_policy
 from trainguard.config.settings.base import PREFIX
 from trainguard.config.settings.k8s import OPTIONS, Settings
-from trainguard.lambdas.k8s.configmap_state import ConfigMapStore, StateStoreFull
-from trainguard.lambdas.k8s.sinks import GRACE_S, AlertmanagerSink, PushError, push_tick_metrics
+from trainguard.lambdas import plugins
+from trainguard.lambdas.k8s.configmap_state import StateStoreFull
+from trainguard.lambdas.k8s.sinks import GRACE_S, PushError
 from trainguard.lambdas.sqlite_state import SQLiteStore
 from trainguard.lambdas.state import FindingMemory, StateStore, StateStoreError
 from trainguard.lambdas.tick import REMIND_EVERY_S, AlarmEvent, AlarmSink, TickReport, tick
@@ -91,18 +92,18 @@ def build(opts: Settings, now: float) -> Runtime:
             Metrics(client, load_mapping(opts.prometheus_mapping)), now=now,
             **_given(id_template=opts.prometheus_id))
     store: StateStore
-    if opts.state_sqlite:
-        store = SQLiteStore(opts.state_sqlite)
+    if opts.state_sqlite:  # stores and sinks by their registered names (lambdas/plugins.py)
+        store = plugins.stores.get("sqlite")(opts.state_sqlite)
     elif opts.state_configmap:
-        store = ConfigMapStore.from_ref(adapter.kube.core, opts.state_configmap,
-                                        **_given(audit_keep=opts.audit_keep))
+        store = plugins.stores.get("configmap").from_ref(
+            adapter.kube.core, opts.state_configmap, **_given(audit_keep=opts.audit_keep))
     else:
         raise ConfigError("no state store: set TRAINGUARD_STATE_CONFIGMAP (NAMESPACE/NAME) "
                           "or TRAINGUARD_STATE_SQLITE (a file on a volume)")
     sinks: list[AlarmSink] = []
     if opts.alertmanager_url:
         env = opts.environment
-        sinks.append(AlertmanagerSink(
+        sinks.append(plugins.sinks.get("alertmanager")(
             opts.alertmanager_url, policy.safety.dry_run,
             expire_after_s=(opts.remind_every or REMIND_EVERY_S) + GRACE_S,
             labels={"environment": env} if env else None,
@@ -155,8 +156,8 @@ def _run(runtime: Runtime, now: float) -> tuple[int, TickReport | None]:
     if gateway:
         env = runtime.opts.environment
         try:
-            push_tick_metrics(gateway, report, seconds, time.time(),
-                              {"environment": env} if env else None)
+            plugins.sinks.get("pushgateway")(gateway, {"environment": env} if env else None
+                                             ).publish(report, seconds, time.time())
         except PushError as e:
             problems.append(str(e))
     for a in report.audit:  # the durable audit trail: cluster logging keeps the pod's log
