@@ -37,13 +37,17 @@ class Track:
     def __init__(self) -> None:
         self.n = 0
         self._mark: _Mark = ()
+        self._values: object = None  # the values array last read (a replay reuses it)
 
     def extended_by(self, s: Series) -> bool:
         """True when ``s`` holds the records this track has read, and maybe more."""
+        if s.value is self._values:
+            return True
         return len(s) >= self.n and _same(_mark(s, self.n), self._mark)
 
     def read_to(self, s: Series) -> None:
         """Notes that every record of ``s`` has now been worked through."""
+        self._values = s.value
         if len(s) != self.n or not self._mark:
             self.n = len(s)
             self._mark = _mark(s, self.n)
