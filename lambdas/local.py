@@ -31,11 +31,13 @@ from trainguard.checker.cost import progress
 from trainguard.checker.model import Job
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Rule
+from trainguard.lambdas import plugins
 from trainguard.lambdas.sqlite_state import SQLiteStore
 from trainguard.lambdas.state import AuditAction, AuditRecord
 from trainguard.lambdas.tick import REMIND_EVERY_S, AlarmEvent, TickReport, tick
 
 
+@plugins.sinks.register("console")
 class ConsoleSink:
     """Prints alarm events as they happen and keeps them for the result."""
 

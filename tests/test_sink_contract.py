@@ -64,7 +64,7 @@ class Watch:
 def test_every_registered_sink_has_a_case_and_every_case_a_sink() -> None:
     assert sink_names() == sorted(SINKS)
     assert {"sns", "cloudwatch", "webhook", "azure_metrics", "alertmanager",
-            "pushgateway"} <= set(sink_names())
+            "pushgateway", "console"} <= set(sink_names())
 
 
 def test_delivered_then_resolve_delivered(case: SinkCase) -> None:
@@ -85,7 +85,7 @@ def test_refused_then_said_again_next_tick(case: SinkCase) -> None:
     _, problems = watch.tick()
     assert len(problems) == 1, problems
     assert any(w in problems[0] for w in ("503", "NotFound", "ServiceUnavailable",
-                                          "service unavailable")), problems[0]
+                                          "service unavailable", "Input/output")), problems[0]
     assert case.said() == {}  # nothing reached it
     case.down(False)
     _, problems = watch.tick()

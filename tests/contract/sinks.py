@@ -17,6 +17,9 @@ What stands behind each sink:
   the loopback receiver of tests/test_azure_runtime.py (HTTPS with a test CA for the
   metrics, whose bearer token is stood in; it refuses a body the documented format does
   not allow), which answers 503 while down.
+* ``console`` (the local loop's): a rich ``Console`` on a stream that fails with EIO
+  while down (a terminal that hung up; a closed pipe is not a refusal there: rich ends
+  the process, as ``| head`` expects); what it printed is read.
 
 Each case says what the endpoint holds now, by rule: ``firing`` or ``resolved``.
 """
@@ -24,6 +27,7 @@ Each case says what the endpoint holds now, by rule: ``firing`` or ``resolved``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import threading
 import time
@@ -360,3 +364,48 @@ def azure_metrics(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
         metrics.publish(report)
 
     return SinkCase("azure_metrics", on.down, said, publish=publish)
+
+
+# --- the local loop's console -----------------------------------------------------------
+
+class _Pipe:
+    """A text stream that fails writes with EIO (a hung-up terminal) while ``closed_now``."""
+
+    def __init__(self) -> None:
+        self.text, self.closed_now = "", False
+
+    def write(self, text: str) -> int:
+        if self.closed_now:
+            raise OSError(errno.EIO, "Input/output error (the test hung the terminal up)")
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@sink("console")
+def console(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
+    from rich.console import Console
+
+    from trainguard.lambdas.local import ConsoleSink
+
+    pipe = _Pipe()
+    state: Said = {}
+
+    def down(value: bool) -> None:
+        pipe.closed_now = value
+
+    def said() -> Said:
+        for line in pipe.text.splitlines():  # "   1.0s critical bad: loss_above loss 500"
+            words = line.replace(":", " ").split()
+            if RULE_WORD in words:
+                state[RULE_WORD] = "resolved" if "cleared" in words else "firing"
+        pipe.text = ""
+        return dict(state)
+
+    out = Console(file=pipe, width=200, color_system=None, force_terminal=False)  # type: ignore[arg-type]
+    return SinkCase("console", down, said, alarm=ConsoleSink(out, started=time.time()))
+
+
+RULE_WORD = "loss_above"  # the tests' rule, as the console prints it
