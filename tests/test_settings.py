@@ -4,9 +4,10 @@ and one ``ConfigError`` for all three.
 
 The synthesised stacks (the session's synth, tests/conftest.py) are parsed back through
 ``Settings.from_env`` function by function, so a renamed or mistyped setting fails here,
-not in a deploy. The schedule's interval reaches the tick: shown end to end on the
-CronJob against the recorded Kubernetes API (tests/test_k8s_runtime.py's fixtures; no
-real API server runs here).
+not in a deploy. The schedule's interval reaches the tick: shown end to end on each
+runtime with the fixtures of its own tests: the CronJob against the recorded Kubernetes
+API (no real API server runs here), the Lambda on moto in server mode with the recorded
+SageMaker API, the Function on Azurite with the recorded Azure ML workspace.
 """
 
 from __future__ import annotations
@@ -19,9 +20,29 @@ from typing import Any
 import pytest
 
 from tests.k8s_configmap import ConfigMapReplay
+from tests.test_aws_runtime import (  # noqa: F401 (fixtures)
+    inbox,
+    make_lambda,
+    moto_url,
+    oom_logs,
+    scheduled,
+    table,
+)
+from tests.test_azure_runtime import (  # noqa: F401 (fixtures)
+    BRIGHT,
+    Azure,
+    azure,
+    azurite,
+    connection,
+    metrics_api,
+    replay,
+    webhook,
+)
+from tests.test_azure_runtime import NOW as AZURE_NOW
 from tests.test_k8s_runtime import NOW, NS, cm, fleet, suspended  # noqa: F401 (cm: a fixture)
 from trainguard.config import ConfigError, parse_bool
-from trainguard.config.settings import aws, azure, k8s
+from trainguard.config.settings import aws, k8s
+from trainguard.config.settings import azure as azure_settings
 from trainguard.stacks.environment import (
     AwsEnvironment,
     AzureEnvironment,
@@ -63,7 +84,7 @@ BASE = {
               "TRAINGUARD_ML_WORKSPACE": "w", "TRAINGUARD_STATE_TABLE_URL": "https://t/x"},
     "k8s": {},
 }
-SETTINGS = {"aws": aws.Settings, "azure": azure.Settings, "k8s": k8s.Settings}
+SETTINGS = {"aws": aws.Settings, "azure": azure_settings.Settings, "k8s": k8s.Settings}
 
 
 @pytest.mark.parametrize("runtime", sorted(SETTINGS))
@@ -97,7 +118,7 @@ FULL: dict[str, Any] = {
                         policy="p.yaml", stop_enabled=True, stop_tag=("k", "v"),
                         environment="dev", sagemaker={"max_attempts": "8"},
                         idempotency_ttl_s=60, interval_s=300.0),
-    "azure": azure.Settings(subscription="s", resource_group="g", workspace="w",
+    "azure": azure_settings.Settings(subscription="s", resource_group="g", workspace="w",
                             schedule="0 */5 * * * *", ml_endpoint="https://ml",
                             ml_ca_file="/ca", ml_retries="2", ml_backoff="0.1",
                             policy="policy.yaml", stop_enabled=True, interval_s=300.0,
@@ -172,7 +193,7 @@ def function_envs(stacks: dict[str, Stack]) -> dict[str, tuple[Any, dict[str, st
         for key, fn in res.get("aws_lambda_function", {}).items():
             out[f"{name}/{key}"] = (aws.Settings, dict(fn["environment"]["variables"]))
         for key, fn in res.get("azurerm_linux_function_app", {}).items():
-            out[f"{name}/{key}"] = (azure.Settings, dict(fn["app_settings"]))
+            out[f"{name}/{key}"] = (azure_settings.Settings, dict(fn["app_settings"]))
         for key, cron in res.get("kubernetes_cron_job_v1", {}).items():
             for c in cron["spec"]["job_template"]["spec"]["template"]["spec"]["container"]:
                 out[f"{name}/{key}/{c['name']}"] = (
@@ -217,7 +238,7 @@ def test_every_function_in_every_stack_reads_its_environment_as_written(
         stacks: dict[str, Stack]) -> None:
     functions = function_envs(stacks)
     kinds = {cls for cls, _ in functions.values()}
-    assert kinds == {aws.Settings, azure.Settings, k8s.Settings}, functions.keys()
+    assert kinds == {aws.Settings, azure_settings.Settings, k8s.Settings}, functions.keys()
     for where, (cls, variables) in functions.items():
         problems = check(cls, variables, environment(where.split("/")[0]))
         assert not problems, f"{where}:\n" + "\n".join(problems)
@@ -282,3 +303,42 @@ def test_the_schedules_interval_keeps_a_retried_tick_from_counting_twice(
         assert main(["--now", str(NOW + 300)]) == OK
         assert suspended(cm) == ["job-0"]
 
+
+
+# ------------------------------ ... and on the Lambda (moto) and the Function (Azurite)
+
+AZURE_PERSIST = """
+name: stall-stops
+safety: {dry_run: false, max_stops_per_tick: 1, persist_ticks: 2, trusted_signals: [metrics]}
+rules:
+  stall: {actions: {critical: stop}}
+"""
+
+
+@pytest.mark.parametrize(("interval", "stopped_after_retry"), [(None, True), ("600", False)])
+def test_the_function_passes_the_interval_to_the_tick(
+        azure: Azure, interval: str | None, stopped_after_retry: bool) -> None:  # noqa: F811
+    """The Function on Azurite and the recorded Azure ML workspace: its timer retried a
+    minute later is not a second tick when TRAINGUARD_INTERVAL_S says ten minutes."""
+    azure.configure(AZURE_PERSIST, **({"TRAINGUARD_INTERVAL_S": interval} if interval else {}))
+    azure.invoke(AZURE_NOW)
+    assert azure.cancels() == []
+    azure.invoke(AZURE_NOW + 60)
+    assert (azure.cancels() == [BRIGHT]) is stopped_after_retry
+    if not stopped_after_retry:
+        azure.invoke(AZURE_NOW + 600)
+        assert azure.cancels() == [BRIGHT]
+
+
+@pytest.mark.parametrize(("interval", "stops"), [(None, 1), ("300", 0)])
+def test_the_lambda_passes_the_interval_to_the_tick(
+        make_lambda: Any, moto_url: str, interval: str | None, stops: int) -> None:  # noqa: F811
+    """The Lambda on moto: two scheduled deliveries a moment apart (a retry) count as two
+    ticks toward persist_ticks 2 only when the Lambda does not know its schedule."""
+    fn = make_lambda(["iv-a"], persist=2,
+                     **({"TRAINGUARD_INTERVAL_S": interval} if interval else {}))
+    oom_logs(moto_url, ["iv-a"])
+    fn.invoke(scheduled())
+    assert fn.server.calls["StopTrainingJob"] == 0
+    fn.invoke(scheduled())
+    assert fn.server.calls["StopTrainingJob"] == stops
