@@ -32,7 +32,7 @@ from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.rules.plateau import judged_prefix
-from trainguard.checker.stats import quantile
+from trainguard.checker.stats import quantile, t_quantile
 
 
 @dataclass
@@ -46,6 +46,15 @@ class StallParams:
     min_updates: int = param(10, "updates needed before the cadence is trusted")
     unlearnt_seconds: float = param(
         1800.0, "threshold while the cadence is not learnt yet (Debugger's default)")
+    few_updates: int = param(
+        3, "with at least this many update gaps (but fewer than min_updates) the threshold is "
+        "factor x an upper 99 % prediction bound of the next gap (Student t on their mean "
+        "and spread), if below unlearnt_seconds: a short, regular log is judged on its "
+        "own cadence, an irregular one waits for more")
+    unseen_pause_factor: float = param(
+        15.0, "... and at least this many times the median gap: a short log has not shown "
+        "its evaluation and checkpoint pauses yet, which last up to some ten update gaps "
+        "(and pause_factor 1.5 x a pause is tolerated)")
     critical_factor: float = param(2.0, "silence past this x the threshold is critical")
     max_pause_seconds: float = param(
         3600.0, "a pause announced by heartbeats (trainguard.emit) excuses silence this long, "
@@ -71,7 +80,17 @@ class Stall(Rule):
         the job's own pauses."""
         p: StallParams = self.params
         if c.count < p.min_updates:
-            return max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}
+            unlearnt = max(p.unlearnt_seconds, p.min_seconds)
+            if c.count < max(p.few_updates, 2):
+                return unlearnt, {"learnt": 0.0}
+            gaps = np.asarray(c.few)
+            bound = float(gaps.mean() + t_quantile(0.99, len(gaps) - 1)
+                          * gaps.std(ddof=1) * math.sqrt(1.0 + 1.0 / len(gaps)))
+            t = max(p.min_seconds, p.factor * bound, p.pause_factor * c.longest,
+                    p.unseen_pause_factor * float(np.median(gaps)))
+            if t >= unlearnt:
+                return unlearnt, {"learnt": 0.0}
+            return t, {"learnt": 0.5, "gap_bound_s": bound, "longest_gap_s": c.longest}
         p99 = c.p99 if c.p99 is not None else c.longest
         t = max(p.min_seconds, p.factor * p99, p.pause_factor * c.longest)
         return t, {"learnt": 1.0, "p99_gap_s": p99, "longest_gap_s": c.longest}
@@ -188,6 +207,10 @@ class Stall(Rule):
         return "GPUs partly busy with no steps", mean
 
 
+#: Update gaps a Cadence keeps one by one: enough for any ``few_updates`` < ``min_updates``.
+FEW = 64
+
+
 class Cadence:
     """What the progress records say so far: learnt from a prefix at once (numpy), then
     extended one record at a time, so that a followed rule reads each record once."""
@@ -199,6 +222,7 @@ class Cadence:
         self.typical = 0.0  # the prefix's median record gap: a resume is a silence beyond
         self.p99: float | None = None  # of the prefix's update gaps
         self.count = 0  # update gaps learnt (after warm-up, not ending in a resume)
+        self.few: list[float] = []  # the first FEW of them (a short log's cadence)
         self.longest = 0.0
         self.updates = 0
         self.last_update = math.nan
@@ -222,6 +246,7 @@ class Cadence:
         if len(resumed) and len(gaps):
             gaps = gaps[~np.isin(ts[1:], resumed)]
         c.count = len(gaps)
+        c.few = gaps[:FEW].tolist()
         if len(gaps):
             c.p99, c.longest = quantile(gaps, 0.99), float(gaps.max())
         c.updates, c.last_update = len(times), float(times[-1])
@@ -253,6 +278,8 @@ class Cadence:
             if self.updates >= warmup and not resumed:
                 gap = t - self.last_update
                 self.count += 1
+                if len(self.few) < FEW:
+                    self.few.append(gap)
                 self.longest = max(self.longest, gap)
             self.updates += 1
             self.last_update = t
