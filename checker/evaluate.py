@@ -60,10 +60,9 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
             asked = found_here
             found_here = []
             for rule in rules:
-                found = by_rule.get(id(rule))
-                if found is None:
-                    found = [f for f in asked if f.rule == rule.name]
-                found_here.extend(found)
+                reused = by_rule.get(id(rule))
+                found_here.extend(reused if reused is not None
+                                  else [f for f in asked if f.rule == rule.name])
         if found_here:
             # Money only for jobs with something to say: most jobs of a tick have nothing.
             _price(found_here, job, policy, now)
