@@ -8,7 +8,7 @@ from __future__ import annotations
 import pkgutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -120,3 +120,16 @@ def test_the_stores_and_sinks_the_runtimes_pick() -> None:
             "pushgateway"} <= set(sinks.names())
     with pytest.raises(UnknownName, match=r"unknown state store 'etcd' \(known: configmap"):
         stores.get("etcd")
+
+
+def test_a_registered_plug_in_without_a_contract_case_fails_the_suite() -> None:
+    from tests.contract import Cases
+
+    cases: Cases[Callable[[], str]] = Cases("state store", "tests/contract/stores.py",
+                                           lambda: ["etcd", "sqlite"])
+    cases.register("sqlite")(lambda: "a case")
+    assert cases.names() == ["etcd", "sqlite"]  # the registry's names, not the cases'
+    assert cases.factory("sqlite")() == "a case"
+    with pytest.raises(pytest.fail.Exception, match=r"state store 'etcd' is registered but "
+                       r"has no contract case: add a factory with @store\('etcd'\)"):
+        cases.factory("etcd")

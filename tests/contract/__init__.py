@@ -8,6 +8,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import pytest
 
@@ -27,15 +28,39 @@ class ContractCase:
     stops: Callable[[], list[str]]  # ids of the jobs the service was asked to stop
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Cases(Generic[F]):
+    """Test-case factories by name, one per implementation a contract suite runs on.
+    With ``names`` (the plug-in registry's names), a registered implementation with no
+    factory fails the suite instead of being left out."""
+
+    def __init__(self, kind: str, where: str,
+                 names: Callable[[], list[str]] | None = None) -> None:
+        self.kind, self.where, self._names = kind, where, names
+        self.factories: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def add(fn: F) -> F:
+            self.factories[name] = fn
+            return fn
+        return add
+
+    def names(self) -> list[str]:
+        return self._names() if self._names else sorted(self.factories)
+
+    def factory(self, name: str) -> F:
+        if name not in self.factories:
+            pytest.fail(f"{self.kind} {name!r} is registered but has no contract case: add "
+                        f"a factory with @{self.kind.split()[-1]}({name!r}) in {self.where}")
+        return self.factories[name]
+
+
 Factory = Callable[[pytest.FixtureRequest], ContractCase]
-CASES: dict[str, Factory] = {}
-
-
-def case(name: str) -> Callable[[Factory], Factory]:
-    def register(fn: Factory) -> Factory:
-        CASES[name] = fn
-        return fn
-    return register
+_ADAPTERS: Cases[Factory] = Cases("case", "tests/contract/case_<provider>.py")
+CASES = _ADAPTERS.factories
+case = _ADAPTERS.register
 
 
 def load_cases() -> dict[str, Factory]:

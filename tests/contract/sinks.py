@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from tests.contract import Cases
 from tests.servers import alertmanager, pushgateway, shared
 from trainguard.checker.model import Job
 from trainguard.lambdas.tick import AlarmSink, TickReport
@@ -59,27 +60,22 @@ class SinkCase:
 
 
 Factory = Callable[[pytest.FixtureRequest, Path], SinkCase]
-SINKS: dict[str, Factory] = {}
 
 
-def sink(name: str) -> Callable[[Factory], Factory]:
-    def register(fn: Factory) -> Factory:
-        SINKS[name] = fn
-        return fn
-    return register
-
-
-def sink_names() -> list[str]:
+def _registered() -> list[str]:
     from trainguard.lambdas.plugins import sinks
 
     return sinks.names()
 
 
+CASES: Cases[Factory] = Cases("sink", "tests/contract/sinks.py", _registered)
+SINKS = CASES.factories
+sink = CASES.register
+sink_names = CASES.names
+
+
 def open_case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
-    if name not in SINKS:
-        pytest.fail(f"sink {name!r} is registered but has no contract case: add a factory "
-                    f"with @sink({name!r}) in tests/contract/sinks.py")
-    return SINKS[name](request, tmp_path)
+    return CASES.factory(name)(request, tmp_path)
 
 
 # --- a switchable gate in front of an HTTP endpoint -----------------------------------
