@@ -21,7 +21,9 @@ Which imports count:
 * for cycles, the imports a module runs when it is imported: module level, including
   inside top-level ``if``/``try`` blocks, but not inside functions (they run after both
   modules are loaded and cannot close an import-time loop) nor under
-  ``if TYPE_CHECKING:`` (never run).
+  ``if TYPE_CHECKING:`` (never run). The loops that imports inside functions close are
+  listed, each with its reason, in ``DEFERRED_LOOPS``: none may grow and no new one may
+  appear.
 
 An import names one file: ``from trainguard.a import b`` is ``trainguard/a/b.py`` when
 that is a module, else ``trainguard/a/__init__.py``. The ``__init__`` files of the
@@ -146,11 +148,12 @@ def violations(graph: Graph) -> list[str]:
     return out
 
 
-def cycles(graph: Graph) -> list[list[str]]:
-    """The import-time cycles between files (Tarjan's strongly connected components)."""
+def cycles(graph: Graph, counted: tuple[str, ...] = (TOP,)) -> list[list[str]]:
+    """The cycles between files over the imports ``counted`` (Tarjan's strongly connected
+    components); by default the import-time ones."""
     edges: dict[str, set[str]] = {}
     for imp in graph.imports:
-        if imp.where == TOP:
+        if imp.where in counted:
             edges.setdefault(imp.source, set()).add(imp.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -226,6 +229,31 @@ def test_no_import_cycle_between_files() -> None:
     assert not loops, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in loops)
 
 
+#: loops closed only by an import inside a function (run late, on purpose): they do not
+#: break an import, but they are not the bar either. Each may shrink or go, none may grow,
+#: and no other may appear.
+DEFERRED_LOOPS = {
+    frozenset({"trainguard.checker.follow", "trainguard.checker.rules.base"}):
+        "a rule's Context holds the follower; the follower calls back into the rule",
+    frozenset({"trainguard.lambdas.tick", "trainguard.lambdas.trust"}):
+        "trust asks the tick whether a job is protected, just before a stop",
+    frozenset({"trainguard.lambdas.plugins", "trainguard.lambdas.state"}):
+        "the store registry loads the store modules that register into it",
+    frozenset({"trainguard.bench.inject", "trainguard.bench.inject_speed"}):
+        "inject registers inject_speed's faults, which build inject's Injected",
+    frozenset({"trainguard.cli", "trainguard.gate_cmd", "trainguard.prices_cmd",
+               "trainguard.prior_cmd"}):
+        "the command modules use cli's fail/out/load_policy; cli registers them",
+}
+
+
+def test_no_loop_grows_through_a_deferred_import() -> None:
+    loops = cycles(tree_graph(), counted=(TOP, DEFERRED))
+    new = [c for c in loops if not any(set(c) <= known for known in DEFERRED_LOOPS)]
+    assert not new, "new import loops (through imports inside functions):\n" + "\n".join(
+        " <-> ".join(c) for c in new)
+
+
 def test_no_private_name_is_imported_from_another_layer() -> None:
     bad = private_imports(tree_graph())
     assert not bad, "private names imported across layers:\n" + "\n".join(bad)
@@ -299,6 +327,8 @@ def test_a_cycle_between_files_is_found(tmp_path: Path) -> None:
     })
     assert cycles(graph) == [["trainguard.adapters.a", "trainguard.adapters.b",
                               "trainguard.adapters.c"]]
+    assert ["trainguard.adapters.d", "trainguard.adapters.e"] in cycles(
+        graph, counted=(TOP, DEFERRED))
 
 
 def test_a_private_name_from_another_layer_is_found(tmp_path: Path) -> None:
