@@ -6,10 +6,14 @@ up as its contract case does (tests/contract/case_*.py):
 * SageMaker: DescribeTrainingJob, ListTags and StopTrainingJob answered through botocore's
   Stubber from recordings (checked against the service model; moto cannot hold a running
   job), the metrics in CloudWatch on moto in server mode.
+* Azure ML: the recorded workspace replayed over TLS (azure-ai-ml's and MLflow's real
+  transports), on the recordings' own clock, the MLflow history replaced by each case's
+  curve and the job's status turned Completed for the healthy one.
 
 On each: a healthy job passes (exit 0), a job forecast to miss its target by the deadline
 is cancelled (exit 3), a diverging one fails fast (exit 1), and the stop reaches the
-source's own stop call. On SageMaker, where other principals can write a job's metrics,
+source's own stop call (StopTrainingJob, the suspend PATCH, Azure ML's cancel). On
+SageMaker, where other principals can write a job's metrics,
 forged metrics alone never stop the job (the attack test).
 """
 
@@ -275,3 +279,71 @@ def test_sagemaker_forged_metrics_alone_never_stop_the_job(sagemaker: Any) -> No
     refused = [a for a in result.audit if a.action is AuditAction.SKIP_UNTRUSTED]
     assert refused and all(a.rule == "divergence" for a in refused)
     assert "rests on metrics" in refused[0].reason
+
+
+# ------------------------------------------------------------------------------ Azure ML
+
+AML_JOB = "bright_river_4k2m9x7q1z"
+
+
+def history(kind: str, start_ms: float) -> dict[str, Any]:
+    """An MLflow metric history (one body for every metric key the reader asks for)."""
+    c = curves(kind, 30)
+    values = c["val_loss"] if kind == "plateau" else c["loss"]
+    if kind == "diverge":
+        values = [math.nan if v > 1e14 else v for v in values]
+    return {"metrics": [{"key": "loss", "value": v if math.isfinite(v) else "NaN",
+                         "timestamp": int(start_ms + 60_000 * i), "step": int(100 * i)}
+                        for i, v in enumerate(values)]}
+
+
+def azureml_gate(request: pytest.FixtureRequest, kind: str, completes_after: int = 0,
+                 **spec: Any) -> tuple[Any, Any]:
+    """The gate on the recorded workspace, on the job's own clock (the recordings' hour),
+    the MLflow history replaced by the kind's curve; ``completes_after``: the job reads
+    Completed from that tick on."""
+    from tests.contract.case_azureml import NOW, RECORDINGS, adapter_for, start
+
+    replay = start(request)
+    if kind != "healthy":
+        replay.override("GET", "metrics/get-history", 200,
+                        history(kind, (NOW - 1800) * 1000))
+    adapter = adapter_for(replay)
+    ticks = [NOW]
+
+    def clock() -> float:
+        ticks.append(ticks[-1] + 0.2)
+        if completes_after and len(ticks) > completes_after:
+            done = json.loads((RECORDINGS / "job_bright_river.json").read_text())
+            done["properties"]["status"] = "Completed"
+            replay.override("GET", f"jobs/{AML_JOB}", 200, done)
+        return ticks[-1]
+
+    source = adapter_source("azureml", adapter, AML_JOB, spec.get("deadline_s"))
+    result = run_gate(source, Policy(), GateSpec(tick_s=0.2, **spec),
+                      Console(file=io.StringIO(), width=120), clock=clock,
+                      sleep=lambda s: None)
+    return result, [s.path for s in replay.calls("POST", "/cancel")]
+
+
+def test_azureml_healthy_job_passes(request: pytest.FixtureRequest) -> None:
+    result, cancels = azureml_gate(request, "healthy", completes_after=4,
+                                   trust_metrics=True)
+    assert result.exit_code == PASS, result.reason
+    assert result.state == "SUCCEEDED" and cancels == []
+
+
+def test_azureml_job_forecast_to_miss_its_target_is_cancelled(
+        request: pytest.FixtureRequest) -> None:
+    result, cancels = azureml_gate(request, "plateau", target=("loss", "min", 0.5),
+                                   without_prior=True, deadline_s=2 * 3600.0,
+                                   trust_metrics=True)
+    assert result.exit_code == CANCELLED, result.reason
+    assert result.stopped_by == "target" and len(cancels) == 1
+
+
+def test_azureml_diverging_job_fails_fast(request: pytest.FixtureRequest) -> None:
+    result, cancels = azureml_gate(request, "diverge", trust_metrics=True)
+    assert result.exit_code == FAILED, result.reason
+    assert result.stopped_by == "divergence" and result.ticks <= 5
+    assert len(cancels) == 1 and AML_JOB in cancels[0]
