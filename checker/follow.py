@@ -223,6 +223,7 @@ class Follower:
         self.rule = rule
         self.read: _Read | None = None  # what the rule read the last time it ran
         self.key: Key | None = None
+        self._key_of: tuple[Job, float] | None = None  # the cut and clock of the last run
         self.found: list[Finding] = []
         self.runs = 0  # times the rule was run (the rest were reused)
         self.calls = 0
@@ -251,11 +252,12 @@ class Follower:
     def check(self, job: Job, ctx: Context, changed: Changed | None = None) -> list[Finding]:
         self.calls += 1
         last, self.seen_at = self.seen_at, ctx.now
-        if self.read is not None and self.key is not None:
-            if changed is not None and changed.before == last and changed.now == ctx.now \
-                    and (self.read.untouched(changed) or self._still(job, changed)):
-                return _fresh(self.found) if self.found else []
-            if self.read.key(job, ctx.now) == self.key:
+        if self.read is not None:
+            if changed is not None and changed.before == last and changed.now == ctx.now:
+                # the cut after the one judged last: ``changed`` says all the key would
+                if self.read.untouched(changed) or self._still(job, changed):
+                    return _fresh(self.found) if self.found else []
+            elif self._key() is not None and self.read.key(job, ctx.now) == self._key():
                 return _fresh(self.found)
         reads = _Reads()
         seen = object.__new__(type(job))  # a shallow copy (dataclasses.replace costs more)
@@ -268,9 +270,16 @@ class Follower:
             self.read = _Read(reads.names, job)
         if self.stable is not None:
             self.empty = tuple(k for k in self.read.series if not len(job.series.get(k, ())))
-        self.key = self.read.key(job, ctx.now)
+        self.key, self._key_of = None, (job, ctx.now)  # made when first needed
         self.found = _fresh(found)
         return found
+
+    def _key(self) -> Key | None:
+        """What the rule read at its last run, as it stood then (None: never reuse)."""
+        if self._key_of is not None and self.read is not None:
+            self.key = self.read.key(*self._key_of)
+            self._key_of = None
+        return self.key
 
 
 class Followers:
@@ -315,7 +324,7 @@ class Followers:
             idle: list[Follower] = []
             for rule in rules:
                 f = self.by.get((job.id, rule.name))
-                if f is None or f.read is None or f.key is None or f.seen_at != last \
+                if f is None or f.read is None or f.read.never or f.seen_at != last \
                         or not f.read.untouched(changed):
                     ask.append(rule)
                 else:
