@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trainguard.checker.evaluate import build_rules  # noqa: E402
 from trainguard.checker.follow import Followers  # noqa: E402
 from trainguard.checker.model import Job, JobState, Series  # noqa: E402
 from trainguard.config import default_policy  # noqa: E402
@@ -68,20 +69,24 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def one(records: int, fault: bool, clock: str, per_record: bool) -> dict[str, object]:
+def one(records: int, fault: bool, clock: str, per_record: bool,
+        without: tuple[str, ...] = ()) -> dict[str, object]:
     """One replay, in this process: what it took and what it found."""
     job, policy = build(records, fault, clock), default_policy()
+    rules = [r for r in build_rules(policy) if r.name not in without]
     arrays_mb = sum(s.time.nbytes + s.step.nbytes + s.value.nbytes
                     for s in job.series.values()) / 2**20
     before_mb = _rss_mb()
     followers = Followers()
     began_cpu, began = time.process_time(), time.perf_counter()
-    result = replay(job, policy, 1.0 if per_record else None, followers=followers)
+    result = replay(job, policy, 1.0 if per_record else None, rules=rules,
+                    followers=followers)
     took, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     crit = result.first_critical
     return {
         "records": records, "run": "late fault" if fault else "healthy", "clock": clock,
         "schedule": "one tick per record" if per_record else "default schedule",
+        "without": list(without),
         "ticks": result.ticks, "seconds": took, "cpu_seconds": cpu,
         "us_per_tick": took / max(result.ticks, 1) * 1e6,
         "rule_runs": followers.runs, "rule_calls": followers.calls,
@@ -92,11 +97,13 @@ def one(records: int, fault: bool, clock: str, per_record: bool) -> dict[str, ob
     }
 
 
-def measure(records: int, fault: bool, clock: str, per_record: bool) -> dict[str, object]:
+def measure(records: int, fault: bool, clock: str, per_record: bool,
+            without: tuple[str, ...] = ()) -> dict[str, object]:
     """``one`` in a fresh process, so that its peak memory is its own."""
     out = subprocess.run(
         [sys.executable, __file__, "--one", str(records), "--clock", clock]
-        + (["--fault"] if fault else []) + ([] if per_record else ["--default-only"]),
+        + (["--fault"] if fault else []) + ([] if per_record else ["--default-only"])
+        + [a for name in without for a in ("--without", name)],
         check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout))
 
@@ -108,7 +115,8 @@ def line(r: dict[str, object]) -> str:
             f"(before {r['rss_before_mb']:4.0f}, arrays {r['run_arrays_mb']:3.0f})  "
             f"rules run {r['rule_runs']:,} of {r['rule_calls']:,}; "
             f"found {', '.join(r['findings']) or 'nothing'}"  # type: ignore[arg-type]
-            + (f"; first critical: {r['first_critical']}" if r["first_critical"] else ""))
+            + (f"; first critical: {r['first_critical']}" if r["first_critical"] else "")
+            + (f"  [without {', '.join(r['without'])}]" if r["without"] else ""))  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -119,18 +127,21 @@ def main() -> None:
                     help="step: no time axis (a Lightning CSV); elapsed: a record a second")
     ap.add_argument("--default-schedule", action="store_true",
                     help="also replay each run on the default schedule")
+    ap.add_argument("--without", action="append", default=[], metavar="RULE",
+                    help="leave a rule of the default policy out (repeatable): what it costs")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--default-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only)))
+        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only, tuple(a.without))))
         return
     for n in a.sizes:
         for fault in (False, True):
-            print(line(measure(n, fault, a.clock, per_record=True)), flush=True)
+            without = tuple(a.without)
+            print(line(measure(n, fault, a.clock, True, without)), flush=True)
             if a.default_schedule:
-                print(line(measure(n, fault, a.clock, per_record=False)), flush=True)
+                print(line(measure(n, fault, a.clock, False, without)), flush=True)
 
 
 if __name__ == "__main__":
