@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.contract import Cases
 from tests.servers import shared
 from trainguard.lambdas.state import MemoryStore, StateStore
 
@@ -33,28 +34,23 @@ class StoreCase:
 
 
 Factory = Callable[[pytest.FixtureRequest, Path], StoreCase]
-STORES: dict[str, Factory] = {}
 
 
-def store_names() -> list[str]:
+def _registered() -> list[str]:
     """Every store the runtimes can pick: the registry's names, not this module's."""
     from trainguard.lambdas.plugins import stores
 
     return stores.names()
 
 
+CASES: Cases[Factory] = Cases("state store", "tests/contract/stores.py", _registered)
+STORES = CASES.factories
+store = CASES.register
+store_names = CASES.names
+
+
 def open_case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
-    if name not in STORES:
-        pytest.fail(f"state store {name!r} is registered but has no contract case: add a "
-                    f"factory with @store({name!r}) in tests/contract/stores.py")
-    return STORES[name](request, tmp_path)
-
-
-def store(name: str) -> Callable[[Factory], Factory]:
-    def register(fn: Factory) -> Factory:
-        STORES[name] = fn
-        return fn
-    return register
+    return CASES.factory(name)(request, tmp_path)
 
 
 @store("memory")
