@@ -122,11 +122,17 @@ def test_the_stores_and_sinks_the_runtimes_pick() -> None:
         stores.get("etcd")
 
 
-def test_a_registered_plug_in_without_a_contract_case_fails_the_suite() -> None:
+def test_a_registered_plug_in_without_a_contract_case_fails_the_suite(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.contract import Cases
+    from trainguard.lambdas import plugins
 
+    widgets: Registry[type] = Registry("state store", "trainguard.lambdas", lambda m: False)
+    widgets.add("etcd", object)
+    widgets.add("sqlite", object)
+    monkeypatch.setattr(plugins, "widgets", widgets, raising=False)
     cases: Cases[Callable[[], str]] = Cases("state store", "tests/contract/stores.py",
-                                           lambda: ["etcd", "sqlite"])
+                                           "widgets")
     cases.register("sqlite")(lambda: "a case")
     assert cases.names() == ["etcd", "sqlite"]  # the registry's names, not the cases'
     assert cases.factory("sqlite")() == "a case"

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from trainguard.adapters.base import Adapter
+from trainguard.checker.registry import Registry
 
 
 @dataclass
@@ -36,9 +37,10 @@ class Cases(Generic[F]):
     With ``names`` (the plug-in registry's names), a registered implementation with no
     factory fails the suite instead of being left out."""
 
-    def __init__(self, kind: str, where: str,
-                 names: Callable[[], list[str]] | None = None) -> None:
-        self.kind, self.where, self._names = kind, where, names
+    def __init__(self, kind: str, where: str, plugins: str | None = None) -> None:
+        """``plugins``: the registry in ``trainguard.lambdas.plugins`` whose names these
+        cases must cover (``stores``, ``sinks``)."""
+        self.kind, self.where, self.plugins = kind, where, plugins
         self.factories: dict[str, F] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
@@ -48,7 +50,12 @@ class Cases(Generic[F]):
         return add
 
     def names(self) -> list[str]:
-        return self._names() if self._names else sorted(self.factories)
+        if self.plugins is None:
+            return sorted(self.factories)
+        from trainguard.lambdas import plugins
+
+        registry: Registry[Any] = getattr(plugins, self.plugins)
+        return registry.names()
 
     def factory(self, name: str) -> F:
         if name not in self.factories:

@@ -62,16 +62,8 @@ class SinkCase:
 Factory = Callable[[pytest.FixtureRequest, Path], SinkCase]
 
 
-def _registered() -> list[str]:
-    from trainguard.lambdas.plugins import sinks
-
-    return sinks.names()
-
-
-CASES: Cases[Factory] = Cases("sink", "tests/contract/sinks.py", _registered)
-SINKS = CASES.factories
-sink = CASES.register
-sink_names = CASES.names
+CASES: Cases[Factory] = Cases("sink", "tests/contract/sinks.py", "sinks")
+SINKS, sink, sink_names = CASES.factories, CASES.register, CASES.names
 
 
 def open_case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:

@@ -36,17 +36,8 @@ class StoreCase:
 Factory = Callable[[pytest.FixtureRequest, Path], StoreCase]
 
 
-def _registered() -> list[str]:
-    """Every store the runtimes can pick: the registry's names, not this module's."""
-    from trainguard.lambdas.plugins import stores
-
-    return stores.names()
-
-
-CASES: Cases[Factory] = Cases("state store", "tests/contract/stores.py", _registered)
-STORES = CASES.factories
-store = CASES.register
-store_names = CASES.names
+CASES: Cases[Factory] = Cases("state store", "tests/contract/stores.py", "stores")
+STORES, store, store_names = CASES.factories, CASES.register, CASES.names
 
 
 def open_case(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreCase:
