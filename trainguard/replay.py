@@ -232,7 +232,8 @@ class Cuts:
         self._cols = [job.series[k].time for k in self._names]
         if self.log_times is not None:
             self._cols.append(self.log_times)
-        self._ticks: list[float] = []
+        self._ticks: FloatArray = np.empty(0)
+        self._ahead: list[float] = []  # the chunk of planned ticks whose counts are known
         self._next = 0  # the planned tick expected next
         self._rows: list[list[int]] = []
         self._rows_from = 0
@@ -255,20 +256,22 @@ class Cuts:
     def plan(self, times: FloatArray) -> None:
         """The ticks about to be cut, in order: their record counts are then found a chunk
         of ticks at a time (one ``searchsorted`` per series per chunk, not per tick)."""
-        self._ticks, self._next, self._rows, self._rows_from = times.tolist(), 0, [], 0
+        self._ticks, self._next, self._rows, self._rows_from = times, 0, [], 0
+        self._ahead = []
 
     def _counts(self, t: float) -> list[int]:
         """Records of each series (then of the log lines, when in time order) at ``t``."""
         i = self._next
-        if i < len(self._ticks) and self._ticks[i] == t:
-            self._next = i + 1
+        if i < len(self._ticks):
             if not self._rows_from <= i < self._rows_from + len(self._rows):
-                ahead = np.asarray(self._ticks[i:i + self.CHUNK])
+                ahead = self._ticks[i:i + self.CHUNK]
                 cols = [c.searchsorted(ahead, "right") for c in self._cols]
                 self._rows = (np.stack(cols, axis=1).tolist() if cols
                               else [[] for _ in range(len(ahead))])
-                self._rows_from = i
-            return self._rows[i - self._rows_from]
+                self._rows_from, self._ahead = i, ahead.tolist()
+            if self._ahead[i - self._rows_from] == t:
+                self._next = i + 1
+                return self._rows[i - self._rows_from]
         return [int(c.searchsorted(t, "right")) for c in self._cols]
 
     def _series(self, counts: list[int]) -> dict[str, Series]:
@@ -414,7 +417,8 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     times[-1] = min(times[-1], end)
     cuts.plan(times)
     before: float | None = None
-    for t in times.tolist():
+    for t in (t for lo in range(0, len(times), Cuts.CHUNK)  # no list of a million floats
+              for t in times[lo:lo + Cuts.CHUNK].tolist()):
         cut = cuts(t)
         followers.changed = cuts.changed(before, t) if before is not None else None
         final = evaluate([cut], policy, t, rules=rules, followers=followers)
