@@ -1,6 +1,6 @@
 """The state stores and the sinks, by name: what the runtimes pick from their settings
 (``sqlite``, ``configmap``, ``dynamodb``, ``table``, ``memory``; ``sns``, ``cloudwatch``,
-``webhook``, ``azure_metrics``, ``alertmanager``, ``pushgateway``, ``console``).
+``emf``, ``webhook``, ``azure_metrics``, ``alertmanager``, ``pushgateway``, ``console``).
 
 A store is a class implementing ``state.StateStore`` in a module named ``state`` or
 ``*_state`` under ``trainguard.lambdas``, registered there with ``@stores.register(NAME)``.

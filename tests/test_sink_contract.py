@@ -64,7 +64,7 @@ class Watch:
 def test_every_registered_sink_has_a_case_and_every_case_a_sink() -> None:
     assert sink_names() == sorted(SINKS)
     assert {"sns", "cloudwatch", "webhook", "azure_metrics", "alertmanager",
-            "pushgateway", "console"} <= set(sink_names())
+            "pushgateway", "console", "emf"} <= set(sink_names())
 
 
 def test_delivered_then_resolve_delivered(case: SinkCase) -> None:

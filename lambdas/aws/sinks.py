@@ -85,6 +85,7 @@ class MetricWriter(Protocol):
     def write(self, data: Iterable[Datum]) -> None: ...
 
 
+@plugins.sinks.register("emf")
 class EmfWriter:
     """Each datum as one EMF line on stdout, through powertools' ``single_metric``."""
 

@@ -10,6 +10,9 @@ What stands behind each sink:
 * ``cloudwatch``: CloudWatch on moto (server mode); ``GetMetricData`` reads it back.
   Refusing: ``Gate``, a loopback proxy in front of moto answering 503 while down (moto
   cannot be told to refuse a valid call).
+* ``emf``: the Lambda's metrics, EMF lines on stdout that CloudWatch Logs turns into
+  metrics (no CloudWatch Logs can run here): stdout is a stream that fails with EIO while
+  down, and the lines are read back as CloudWatch would, by their ``_aws`` directive.
 * ``alertmanager``: a real Alertmanager (Debian), behind the ``Gate`` to refuse.
 * ``pushgateway``: a real Pushgateway (Debian), behind the ``Gate`` to refuse.
 * ``webhook`` (Azure's direct webhook: Teams, Slack, any relay) and ``azure_metrics``
@@ -226,6 +229,31 @@ def cloudwatch(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
     return SinkCase("cloudwatch", gate.down, said, publish=publish)
 
 
+@sink("emf")
+def emf(request: pytest.FixtureRequest, tmp_path: Path) -> SinkCase:
+    from trainguard.checker.policy import Policy
+    from trainguard.lambdas.aws.sinks import FINDINGS, EmfWriter, tick_metrics
+
+    stdout = _Pipe()
+    published: list[set[str]] = []  # the rules of each publish that went through
+
+    def publish(report: TickReport, jobs: list[Job]) -> None:
+        before = len(stdout.text)
+        with contextlib.redirect_stdout(stdout):  # type: ignore[type-var]
+            EmfWriter().write(tick_metrics(jobs, report.findings, Policy()))
+        published.append({doc["rule"] for line in stdout.text[before:].splitlines()
+                          if (doc := json.loads(line)).get(FINDINGS) is not None
+                          and any(m["Name"] == FINDINGS for d in doc["_aws"]["CloudWatchMetrics"]
+                                  for m in d["Metrics"])})
+
+    def said() -> Said:
+        ever = set().union(*published) if published else set()
+        last = published[-1] if published else set()
+        return {rule: "firing" if rule in last else "resolved" for rule in ever}
+
+    return SinkCase("emf", stdout.down, said, publish=publish)
+
+
 # --- Alertmanager and Pushgateway (real, Debian) ---------------------------------------
 
 @sink("alertmanager")
@@ -370,6 +398,9 @@ class _Pipe:
 
     def flush(self) -> None:
         pass
+
+    def down(self, value: bool) -> None:
+        self.closed_now = value
 
 
 @sink("console")
