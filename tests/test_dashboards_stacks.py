@@ -26,7 +26,7 @@ def resources(stack: Stack, kind: str) -> dict[str, Any]:
 
 def test_aws_dashboard_is_the_generated_one(stacks: dict[str, Stack]) -> None:
     (dash,) = resources(stacks["aws-dev"], "aws_cloudwatch_dashboard").values()
-    assert dash["dashboard_name"] == "trainguard-dev"
+    assert dash["dashboard_name"] == "trainguard-aws-dev"
     assert json.loads(dash["dashboard_body"]) == cloudwatch.dashboard_body(
         "111122223333", "us-east-1")
 
