@@ -140,6 +140,10 @@ def built(seed: int) -> Job:
               "val_loss": Series("val_loss", tv, tv, np.abs(curve(len(tv))) + 0.01)}
     if rng.random() < 0.3:
         series["train/box_loss"] = Series("train/box_loss", t, t, np.abs(v[::-1]))
+    # a series that is no loss, logged between the losses' records: ticks where only it
+    # grows leave the rules' input as it was
+    tg = t[::2] + 0.5
+    series["gpu_util"] = Series("gpu_util", tg, tg, rng.uniform(0, 100, len(tg)))
     return Job(id=f"built-{seed}", clock="step", state=JobState.RUNNING, series=series)
 
 
@@ -154,7 +158,8 @@ def test_built_runs_at_uneven_ticks_say_what_a_fresh_check_says(seed: int) -> No
     while i < n:
         i = min(n, i + int(rng.choice([1, 1, 1, 2, 3, 9, 17, 40])))
         ends.append(float(job.series["loss"].time[i - 1]))
-    follow_and_compare(job, np.array(ends))
+    ends += job.series["gpu_util"].time[::3].tolist()
+    follow_and_compare(job, np.unique(ends))
 
 
 def test_a_cut_that_does_not_extend_what_was_seen_is_read_afresh() -> None:

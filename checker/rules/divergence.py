@@ -593,12 +593,16 @@ class Divergence(Rule):
 
 
 def _training(job: Job, ctx: Context) -> Series | None:
-    """``metrics.training_objective``, whose choice among named series depends only on the
-    names of the non-empty series and the policy's alias: a followed rule keeps the name
-    it chose while those stay the same (a sum of components is summed afresh)."""
+    """``metrics.training_objective``, whose choice among named series depends only on
+    which loss series (and the policy's alias) are non-empty: a followed rule keeps the
+    name it chose while those stay the same (a sum of components is summed afresh). Only
+    those series are read, as ``training_objective`` reads them (``checker.follow``)."""
     if ctx.state is None:
         return training_objective(job, ctx.policy)
-    key = (ctx.policy.metrics.get("loss"), [(k, len(s) > 0) for k, s in job.series.items()])
+    series = job.series
+    alias = ctx.policy.metrics.get("loss")
+    key = (alias, alias is not None and alias in series and len(series[alias]) > 0,
+           [(k, len(series[k]) > 0) for k in series if "loss" in k.lower()])
     kept = ctx.state.get("training")
     if kept is not None and kept[0] == key:
         return job.series[kept[1]] if kept[1] is not None else None
