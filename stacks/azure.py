@@ -73,8 +73,8 @@ from trainguard.checker.logship import kql_query
 from trainguard.checker.model import Action, Severity
 from trainguard.checker.registry import rule_names
 from trainguard.checker.signatures import SIGNATURES
-from trainguard.stacks import package
 from trainguard.config.settings.azure import Settings as AzureSettings
+from trainguard.stacks import package
 from trainguard.stacks.base import covers, local_state
 from trainguard.stacks.dashboards import workbook
 from trainguard.stacks.environment import AzureEnvironment, Environment, Webhook

@@ -107,14 +107,14 @@ def cron_env(spec: OpenshiftEnvironment) -> dict[str, str]:
         remind_every=spec.remind_every_minutes * 60.0,
         prometheus_url=spec.prometheus_url, alertmanager_url=spec.alertmanager_url,
         # The ServiceAccount's token and OpenShift's service CA, mounted in every pod.
-        "TRAINGUARD_PROMETHEUS_TOKEN_FILE": f"{SA_MOUNT}/token",
-        "TRAINGUARD_PROMETHEUS_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
+        prometheus_token_file=f"{SA_MOUNT}/token",
+        prometheus_ca_file=f"{SA_MOUNT}/service-ca.crt",
         # the querier's namespaced port (9092) answers from the job's namespace only
-        "TRAINGUARD_PROMETHEUS_TENANCY": "true" if spec.prometheus_tenancy else "false",
-        "TRAINGUARD_ALERTMANAGER_TOKEN_FILE": f"{SA_MOUNT}/token",
-        "TRAINGUARD_ALERTMANAGER_CA_FILE": f"{SA_MOUNT}/service-ca.crt",
-        **{k: v for k, v in optional.items() if v},
-    }
+        prometheus_tenancy=spec.prometheus_tenancy,
+        alertmanager_token_file=f"{SA_MOUNT}/token",
+        alertmanager_ca_file=f"{SA_MOUNT}/service-ca.crt",
+        pushgateway_url=spec.pushgateway_url, console_url=spec.console_url,
+    ).to_env()
 
 
 def fluentbit_config(spec: OpenshiftEnvironment) -> dict[str, str]:

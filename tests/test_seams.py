@@ -224,7 +224,6 @@ def test_aws_alarms_and_dashboard_read_the_metrics_the_lambda_emits(
     from trainguard.checker.model import Finding, Job, JobState, Severity
     from trainguard.config import default_policy
     from trainguard.lambdas.aws import sinks
-    from trainguard.policy import default_policy
     from trainguard.stacks import aws
 
     stack, account = stacks["aws-dev"], "111122223333"
