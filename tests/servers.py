@@ -276,7 +276,10 @@ def pushgateway() -> Iterator[Server]:
     exe = binary("prometheus-pushgateway")
 
     def argv(port: int, wd: Path) -> list[str]:
-        return [exe, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+        # Debian's build persists to /var/lib/prometheus/pushgateway.data by default:
+        # every test's gateway would start with what the others pushed.
+        return [exe, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+                f"--persistence.file={wd / 'pushgateway.data'}"]
 
     with start_server("pushgateway", argv, "/-/ready") as server:
         yield server
