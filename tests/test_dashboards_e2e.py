@@ -64,8 +64,8 @@ class Source:
 
 def training_job(name: str, loss: np.ndarray, now: float) -> Job:
     n = len(loss)
-    t = now - 60.0 * (n - np.arange(n))
-    steps = np.arange(n, dtype=float) * 100
+    t = np.asarray(now - 60.0 * (n - np.arange(n)), dtype=np.float64)
+    steps = np.arange(n, dtype=np.float64) * 100
     return Job(id=f"{NS}/pytorchjob/{name}", provider="kubeflow", scope=f"lab/{NS}",
                name=name, state=JobState.RUNNING, start_time=float(t[0]) - 60,
                instance_count=2, gpus_per_instance=8, hourly_price=30.0,
