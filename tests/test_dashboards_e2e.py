@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
-from tests.servers import Server, binary, pushgateway, start_server
+from tests.servers import Server, binary, free_port, pushgateway, start_server
 from trainguard.checker.model import Action, Job, JobState, Series, Severity
 from trainguard.checker.policy import Policy, RuleConfig, Safety
 from trainguard.emit import PrometheusSink
@@ -104,16 +104,22 @@ def push_dcgm(gateway: str) -> None:
     push_to_gateway(gateway, job="dcgm-exporter", registry=registry)
 
 
-def scraping_prometheus(target: str) -> Any:
+def scraping_prometheus(target: str, pod_target: str) -> Any:
+    """Prometheus scraping the Pushgateway (``honor_labels``: the pushed job and grouping
+    labels stay, as on a real deployment) and one training pod's exporter, labelled with
+    its pod and namespace as the stack's PodMonitor labels what it scrapes (no Kubernetes
+    service discovery here: a static target stands in for it)."""
     exe = binary("prometheus")
     host = urllib.parse.urlparse(target).netloc
 
     def argv(port: int, wd: Path) -> list[str]:
-        # honor_labels: the pushed job and grouping labels stay, as on a real deployment
         (wd / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n  - job_name: pushgateway\n    honor_labels: true\n"
-            f"    static_configs: [{{targets: ['{host}']}}]\n")
+            f"    static_configs: [{{targets: ['{host}']}}]\n"
+            "  - job_name: training\n"
+            f"    static_configs: [{{targets: ['{pod_target}'], labels: "
+            f"{{pod: bert-ok-worker-1, namespace: {NS}}}}}]\n")
         return [exe, f"--config.file={wd / 'prometheus.yml'}",
                 f"--storage.tsdb.path={wd / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
@@ -139,12 +145,17 @@ def stack() -> Iterator[tuple[Server, TickReport, Source]]:
         sink = PrometheusSink("bert-ok", gateway=urllib.parse.urlparse(pg.url).netloc)
         sink.record(12_000, {"loss": 0.31, "throughput": 412.5}, time.time())
         push_dcgm(pg.url)
-        prom = es.enter_context(scraping_prometheus(pg.url))
+        port = free_port()
+        scraped = PrometheusSink("bert-ok", port=port)  # the other pod: scraped
+        es.callback(scraped.server[0].shutdown)
+        scraped.record(11_800, {"loss": 0.32, "throughput": 205.0}, time.time())
+        prom = es.enter_context(scraping_prometheus(pg.url, f"127.0.0.1:{port}"))
         deadline = time.monotonic() + 30
         wanted = ("trainguard_findings", "trainguard_throughput", "DCGM_FI_DEV_FB_FREE")
         while time.monotonic() < deadline:
             have = set(api(prom, "label/__name__/values"))
-            if all(w in have for w in wanted):
+            pods = api(prom, "series", **{"match[]": 'trainguard_throughput{pod!=""}'})
+            if all(w in have for w in wanted) and pods:
                 break
             time.sleep(0.5)
         else:
@@ -231,6 +242,9 @@ def test_the_straggler_and_the_savings_are_visible(
     verdicts = {r["metric"]["verdict"]: float(r["value"][1])
                 for r in api(prom, "query", query=queries["Jobs by verdict"])["result"]}
     assert verdicts["critical"] == 1 and sum(verdicts.values()) == 2
+    per_pod = {r["metric"].get("pod", ""): float(r["value"][1]) for r in api(
+        prom, "query", query=queries["Throughput per host"])["result"]}
+    assert per_pod == {"": 412.5, "bert-ok-worker-1": 205.0}  # pushed, and scraped per pod
     (mem,) = [r for r in api(prom, "query", query=queries["GPU memory"])["result"]
               if r["metric"]["pod"] == "bert-ok-worker-0"]
     assert float(mem["value"][1]) == pytest.approx(100 * 20_000 / 81_920)

@@ -34,6 +34,9 @@ PANELS: tuple[Panel, ...] = (
           "currencyUSD", "bars"),
     Panel("throughput", "Throughput per job", "Steps or samples per second of each job.",
           "short"),
+    Panel("throughput_host", "Throughput per host",
+          "Per pod (host) of each job, where the training metrics are scraped per pod: a "
+          "pod far below the others is a straggler.", "short"),
     Panel("gpu_host", "GPU use per host",
           "Mean GPU utilisation per host: a host far below the others is a straggler.",
           "percent"),

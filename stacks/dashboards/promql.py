@@ -5,7 +5,8 @@
   ``trainguard_spend_usd_per_hour``, ``trainguard_saved_usd{dry_run}``, each with the
   ``environment`` grouping label;
 * the training jobs (``trainguard.emit``'s ``PrometheusSink``): ``trainguard_<metric>``
-  labelled ``run`` (``trainguard_throughput``);
+  labelled ``run`` (``trainguard_throughput``), and ``pod``/``namespace`` where the
+  stack's PodMonitor scrapes each pod;
 * the NVIDIA DCGM exporter (per GPU, labelled ``pod``, ``namespace``, ``Hostname``):
   ``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB).
 
@@ -27,6 +28,9 @@ QUERIES: dict[str, list[tuple[str, str]]] = {
                "dry run {{dry_run}}")],
     "throughput": [("sum by (namespace, run) (trainguard_throughput)",
                     "{{namespace}}/{{run}}")],
+    # the PodMonitor's scrape labels each series with the pod that exported it
+    "throughput_host": [("sum by (namespace, run, pod) (trainguard_throughput)",
+                         "{{namespace}}/{{run}} {{pod}}")],
     "gpu_host": [("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}")],
     "gpu_util": [("avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL)", "{{namespace}}/{{pod}}")],
     "gpu_mem": [("100 * sum by (namespace, pod) (DCGM_FI_DEV_FB_USED) / (sum by "
