@@ -67,7 +67,10 @@ def dashboards(
     """Write the dashboards, generated from the rule registry and the metric names the
     runtimes write: Grafana JSON, the OpenShift console ConfigMap, and (given their
     options) a GrafanaDashboard, the CloudWatch dashboard body and the Azure workbook."""
-    from trainguard.stacks.dashboards import cloudwatch, grafana, kubernetes, workbook
+    try:
+        from trainguard.stacks.dashboards import cloudwatch, grafana, kubernetes, workbook
+    except ImportError as e:  # grafana-foundation-sdk: an extra, like the stacks' own
+        _fail(f"the dashboards need Grafana's grafana-foundation-sdk: {e}")
 
     labels = _labels(grafana_label or [])
     if (aws_account is None) != (aws_region is None):
