@@ -54,15 +54,17 @@ def evaluate(jobs: list[Job], policy: Policy, now: float,
                 _act(found, configs[rule.name].actions)
                 found_here.extend(found)
         if kept:  # rules whose input did not change since the tick before: in rule order
-            by_rule = {id(r): found for r, found in kept}
             for r, found in kept:
                 _act(found, configs[r.name].actions)
-            asked = found_here
-            found_here = []
-            for rule in rules:
-                reused = by_rule.get(id(rule))
-                found_here.extend(reused if reused is not None
-                                  else [f for f in asked if f.rule == rule.name])
+            if not found_here:  # ``kept`` is in rule order
+                found_here = [f for _, found in kept for f in found]
+            else:
+                by_rule = {id(r): found for r, found in kept}
+                asked, found_here = found_here, []
+                for rule in rules:
+                    reused = by_rule.get(id(rule))
+                    found_here.extend(reused if reused is not None
+                                      else [f for f in asked if f.rule == rule.name])
         if found_here:
             # Money only for jobs with something to say: most jobs of a tick have nothing.
             _price(found_here, job, policy, now)

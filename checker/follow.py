@@ -38,7 +38,6 @@ different times, so a series' record count says which records a cut holds.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,8 +210,16 @@ class _Read:
 
 
 def _fresh(found: list[Finding]) -> list[Finding]:
-    """Copies the caller may change (evaluate sets actions and money on them)."""
-    return [dataclasses.replace(f, evidence=dict(f.evidence)) for f in found]
+    """Copies the caller may change (evaluate sets actions and money on them): shallow,
+    with their own evidence (dataclasses.replace costs several times more, at every tick
+    a finding stands)."""
+    out = []
+    for f in found:
+        copy = object.__new__(Finding)
+        copy.__dict__.update(f.__dict__)
+        copy.evidence = dict(f.evidence)
+        out.append(copy)
+    return out
 
 
 class Follower:

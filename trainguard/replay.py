@@ -417,6 +417,7 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     times[-1] = min(times[-1], end)
     cuts.plan(times)
     before: float | None = None
+    seen_last: dict[str, tuple[float, Severity]] = {}
     for t in (t for lo in range(0, len(times), Cuts.CHUNK)  # no list of a million floats
               for t in times[lo:lo + Cuts.CHUNK].tolist()):
         cut = cuts(t)
@@ -424,14 +425,21 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
         final = evaluate([cut], policy, t, rules=rules, followers=followers)
         before = t
         for f in final:
-            fire = Fire(t, step_at(t), f.severity)
             h = histories.get(f.key)
             if h is None:
+                fire = Fire(t, step_at(t), f.severity)
                 histories[f.key] = History(f.key, f.rule, fire, fire, f)
-                continue
-            if f.severity.rank > h.worst.rank:
+            elif f.severity.rank > h.worst.rank:
+                fire = Fire(t, step_at(t), f.severity)
                 h.escalations.append(fire)
-            h.last_seen, h.finding = fire, f
+                h.last_seen, h.finding = fire, f
+            else:  # seen again: its Fire is made once, after the last tick
+                h.finding = f
+                seen_last[f.key] = (t, f.severity)
+    for key, (t, severity) in seen_last.items():
+        h = histories[key]
+        if t > h.last_seen.time:
+            h.last_seen = Fire(t, step_at(t), severity)
     followers.changed = None  # what comes next is not the next tick
     if timed_back:
         _time_back(cuts, policy, rules, list(histories.values()), times, step_at,
