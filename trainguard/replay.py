@@ -53,6 +53,9 @@ MAX_TICKS = 10_000_000
 #: The automatic schedule never makes more ticks than this; each fire is then timed back
 #: to its record, so a long run costs this many judgements plus a few per finding.
 MAX_AUTO_TICKS = 1_000
+#: A fire is timed back over at most this many records by walking them in order with a
+#: follower; over more, by bisection with a fresh judgement at each step.
+WALK_RECORDS = 4_096
 #: The live watchdog's usual cadence (seconds): the automatic schedule on a time axis
 #: judges no more often than this.
 LIVE_TICK_S = 60.0
@@ -363,13 +366,16 @@ def refine(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], bo
         return first_finding(cuts(t), policy, rule, t, holds)
 
     cands = records[(records > lo) & (records < hi)]
-    a, b = 0, len(cands)  # it holds at cands[b] (or at hi when b == len)
-    while a < b:
-        m = (a + b) // 2
-        if found_at(float(cands[m])) is not None:
-            b = m
-        else:
-            a = m + 1
+    if len(cands) <= WALK_RECORDS:
+        a = _walk(cuts, policy, rule, holds, cands)
+    else:
+        a, b = 0, len(cands)  # it holds at cands[b] (or at hi when b == len)
+        while a < b:
+            m = (a + b) // 2
+            if found_at(float(cands[m])) is not None:
+                b = m
+            else:
+                a = m + 1
     t_hi = float(cands[a]) if a < len(cands) else hi
     t_lo = float(cands[a - 1]) if a > 0 else lo
     while resolution is not None and t_hi - t_lo > resolution:
@@ -379,6 +385,24 @@ def refine(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], bo
         else:
             t_lo = mid
     return t_hi, found_at(t_hi)
+
+
+def _walk(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], bool],
+          cands: FloatArray) -> int:
+    """The index of the first of ``cands`` (records in time order) at which ``rule`` says
+    something that ``holds`` (``len(cands)`` when none), judged record after record by a
+    follower: one judgement of the whole run, then only the records new at each (a rule
+    judged afresh at every step of a bisection reads the whole run each time)."""
+    followers = Followers()
+    before: float | None = None
+    for i, t in enumerate(cands.tolist()):
+        cut = cuts(t)
+        followers.changed = cuts.changed(before, t) if before is not None else None
+        before = t
+        if any(holds(f) for f in evaluate([cut], policy, t, rules=[rule],
+                                          followers=followers)):
+            return i
+    return len(cands)
 
 
 def replay(job: Job, policy: Policy, tick: float | None = None,
