@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from trainguard.checker.evaluate import evaluate
 from trainguard.checker.follow import Followers
@@ -110,3 +111,32 @@ def test_a_standing_finding_is_last_seen_at_the_last_tick() -> None:
     result = replay(job, Policy(), 2.0, rules=[_Standing()])
     (h,) = result.histories
     assert h.first.time == 100.0 and h.last_seen.time == float(job.series["loss"].time[-1])
+
+
+def test_fires_timed_back_by_walking_the_records_land_where_bisection_puts_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default schedule times each fire back to its record: by a follower walking
+    the records of the tick interval, or (beyond WALK_RECORDS) by bisection; both give
+    the same records, on a run with a late divergence judged by the default rules."""
+    from trainguard.checker.evaluate import build_rules
+    from trainguard.config import default_policy
+
+    n = 30_000
+    t = np.arange(n, dtype=np.float64)
+    loss = 2 + 8 / (1 + t / 1000)
+    loss[27_000:] *= 1 + 9 * np.minimum((t[27_000:] - 27_000) / 200, 1.0)
+    loss[27_200:] = np.nan
+    job = Job(id="late", clock="step", state=JobState.SUCCEEDED, start_time=0.0,
+              end_time=float(t[-1]), series={"loss": Series("loss", t, t, loss)})
+    policy = default_policy()
+
+    def fires() -> list[tuple[str, float, list[float]]]:
+        result = replay(job, policy, None, rules=build_rules(policy))
+        assert result.timed_back
+        return sorted((h.key, h.first.time, [e.time for e in h.escalations])
+                      for h in result.histories)
+
+    walked = fires()
+    monkeypatch.setattr("trainguard.replay.WALK_RECORDS", 0)
+    assert fires() == walked
+    assert any("/divergence/" in k for k, _, _ in walked)
