@@ -7,7 +7,8 @@ million records replayed at one tick per record in under 20 s).
 
 Builds a run (a training loss at every record, a validation loss every 100: the shape of a
 long Lightning CSVLogger file, on a step clock unless ``--clock`` says otherwise) and
-replays it with the default policy and all its rules at one tick per record:
+replays it with the default policy and all its rules at one tick per record (or on the
+default schedule, ``--schedule default``):
 
 * ``healthy``: the loss falls as 1/(1 + step/1000) with noise, and levels off;
 * ``late fault``: the same run whose loss, at 95 % of it, climbs tenfold over 200 records
@@ -15,9 +16,8 @@ replays it with the default policy and all its rules at one tick per record:
 
 Each replay runs in its own process, so that its peak memory (the process's maximum
 resident set) is its own; the line also gives the memory of the run's own arrays and of
-the process before the replay, to tell what the replay added. ``--default-schedule``
-adds the same runs on the default schedule (every logging interval, at most 1,000 ticks,
-fires timed back to their record).
+the process before the replay, to tell what the replay added. ``--without RULE`` leaves a
+rule out, to show what it costs.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def main() -> None:
                     help="run lengths (records) to replay at one tick per record")
     ap.add_argument("--clock", choices=("step", "elapsed"), default="step",
                     help="step: no time axis (a Lightning CSV); elapsed: a record a second")
-    ap.add_argument("--default-schedule", action="store_true",
-                    help="also replay each run on the default schedule")
+    ap.add_argument("--schedule", choices=("record", "default", "both"), default="record",
+                    help="record: one tick per record; default: the default schedule "
+                    "(every logging interval, at most 1,000 ticks, fires timed back)")
     ap.add_argument("--without", action="append", default=[], metavar="RULE",
                     help="leave a rule of the default policy out (repeatable): what it costs")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
@@ -139,8 +140,9 @@ def main() -> None:
     for n in a.sizes:
         for fault in (False, True):
             without = tuple(a.without)
-            print(line(measure(n, fault, a.clock, True, without)), flush=True)
-            if a.default_schedule:
+            if a.schedule in ("record", "both"):
+                print(line(measure(n, fault, a.clock, True, without)), flush=True)
+            if a.schedule in ("default", "both"):
                 print(line(measure(n, fault, a.clock, False, without)), flush=True)
 
 
