@@ -307,7 +307,7 @@ class Followers:
         key = (job.id, rule.name)
         follower = self.by.get(key)
         if follower is None:
-            follower = self.by[key] = rule.follow()
+            follower = self.by[key] = Follower(rule)
         read, had = follower.read, bool(follower.found)
         found = follower.check(job, ctx, self.changed)
         if follower.read is not read or bool(follower.found) != had:

@@ -57,6 +57,7 @@ from trainguard.lambdas.state import (
     StateStoreError,
     StopRecord,
 )
+from trainguard.lambdas.trust import is_protected
 
 log = logging.getLogger("trainguard.tick")
 
@@ -146,11 +147,6 @@ class TickReport:
 
 def job_key(source: str, job: Job) -> str:
     return f"{source}:{job.provider}:{job.scope}:{job.id}"
-
-
-def is_protected(job: Job, tag: str) -> bool:
-    value = job.tags.get(tag)
-    return value is not None and value.strip().lower() != "false"
 
 
 T = TypeVar("T")

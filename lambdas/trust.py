@@ -73,11 +73,15 @@ def refusal(source: Any, finding: Finding, findings: list[Finding],
             "(safety.trusted_signals can trust it where others cannot write it)")
 
 
+def is_protected(job: Job, tag: str) -> bool:
+    """The job carries the protect tag with any value but "false"."""
+    value = job.tags.get(tag)
+    return value is not None and value.strip().lower() != "false"
+
+
 def before_stop(source: Any, job: Job, policy: Policy) -> None:
     """Read the job's tags again, uncached, and raise ``StopRefused`` if they no longer
     allow the stop: the protect tag is on, or the runtime's opt-in tag is off."""
-    from trainguard.lambdas.tick import is_protected  # the tick imports this module
-
     fresh = getattr(_adapter(source), "fresh_tags", None)
     if fresh is None:
         return

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from trainguard.bench.anchors import ANCHORS, KerasTerminateOnNaN
-from trainguard.bench.inject import INJECTORS, Injected, divergence, inject, pause, spike, stall
+from trainguard.bench.inject import INJECTORS, divergence, inject, pause, spike, stall
+from trainguard.bench.injected import Injected
 from trainguard.checker.model import Clock, Job, JobState, Series
 
 DT = 30.0  # seconds between steps

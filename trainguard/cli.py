@@ -21,18 +21,15 @@ if sys.version_info < (3, 11):
 import dataclasses
 import difflib
 import fnmatch
-import os
 import re
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
@@ -41,6 +38,7 @@ from trainguard.checker.evaluate import build_rules, evaluate
 from trainguard.checker.model import Job, Severity
 from trainguard.checker.policy import Policy
 from trainguard.checker.registry import RULES, rule_names
+from trainguard.common import bad_input, err, fail, load_policy, local_files, out
 from trainguard.report import Checked, OutputFormat, Run
 
 app = typer.Typer(
@@ -49,9 +47,6 @@ app = typer.Typer(
 )
 policy_app = typer.Typer(help="Show or validate a policy file.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
-
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
 
 #: More files than this get a progress bar (on stderr, so JSON on stdout stays clean).
 PROGRESS_AFTER = 3
@@ -75,39 +70,7 @@ def _main(show_version: Annotated[bool, typer.Option(
     """A watchdog for expensive ML training jobs: judge runs, replay them, manage policies."""
 
 
-def fail(message: str) -> NoReturn:
-    """Report bad input, one line per problem (a policy may have several), and exit 2."""
-    for line in message.splitlines() or [""]:
-        typer.echo(f"trainguard: error: {line}", err=True)  # never wrapped: one line each
-    raise typer.Exit(2)
-
-
-@contextmanager
-def bad_input() -> Iterator[None]:
-    """Turn the errors of reading user input into one line and exit code 2."""
-    from trainguard.adapters.local.errors import FormatError
-    from trainguard.config import PolicyError
-
-    try:
-        yield
-    except (FormatError, PolicyError) as e:
-        fail(str(e))
-    except OSError as e:
-        fail(f"{e.filename or ''}: {e.strerror or e}")
-    except UnicodeDecodeError as e:
-        fail(f"not a text file ({e.reason})")
-
-
 # --- inputs -----------------------------------------------------------------------------------
-
-def load_policy(path: Path | None) -> Policy:
-    from trainguard.config import runtime_policy
-
-    with bad_input():
-        # Run on this machine, a policy answers to no deployment switch: its own dry_run
-        # decides (the same loader as the deployed runtimes, with the switch on).
-        return runtime_policy(path, stop_enabled=True)
-
 
 def _definitions(options: list[str] | None) -> list[Any] | None:
     from trainguard.adapters.local.definitions import parse_metric_option
@@ -121,40 +84,6 @@ def _definitions(options: list[str] | None) -> list[Any] | None:
         except ValueError as e:
             fail(f"--metric {option!r}: {e}" if not str(e).startswith("--metric") else str(e))
     return defs
-
-
-def _recognised(path: Path) -> bool:
-    from trainguard.adapters.local import FORMATS
-
-    return any(reader.sniff(path) for reader in FORMATS.values())
-
-
-def _local_files(path: Path) -> list[Path]:
-    """A file as given; a folder searched for what some reader recognises. A folder that is
-    itself a run (a TensorBoard log dir, an MLflow store) counts once and is not entered."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        fail(f"{path}: no such file or folder")
-    if _recognised(path):
-        return [path]
-    found: list[Path] = []
-    for top, dirs, files in os.walk(path):
-        dirs.sort()
-        for d in list(dirs):
-            sub = Path(top, d)
-            if d.startswith(".") or _recognised(sub):
-                dirs.remove(d)
-                if not d.startswith("."):
-                    found.append(sub)
-        found += [Path(top, f) for f in sorted(files)
-                  if not f.startswith(".") and _recognised(Path(top, f))]
-    return sorted(found, key=_natural)
-
-
-def _natural(path: Path) -> list[Any]:
-    """version_2 before version_10."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
 
 
 def _local_load(path: Path, definitions: list[Any] | None) -> list[Run]:
@@ -178,7 +107,7 @@ class Source:
     ids: Callable[[list[Run]], None]  # ids that tell every run apart
 
 
-SOURCES: dict[str, Source] = {"local": Source(_local_files, _local_load, _local_ids)}
+SOURCES: dict[str, Source] = {"local": Source(local_files, _local_load, _local_ids)}
 
 
 def _selected(run: Run, patterns: list[str]) -> bool:

@@ -158,7 +158,7 @@ def gate(job: Annotated[str, typer.Argument(
          = None) -> None:
     """Wait on a job a pipeline launched; print findings as they appear; stop it when it
     fails (exit 1) or will not pay off (exit 3); exit 0 when it passes, 2 on an error."""
-    from trainguard.cli import load_policy, out
+    from trainguard.common import load_policy, out
     from trainguard.report import fit_output
 
     if until not in ("done", "deadline"):

@@ -78,7 +78,7 @@ def refresh(
     price that cannot be fetched falls back to a stale cache entry, then to the shipped
     book, and the table says which. Exit 1 when nothing at all could be fetched live."""
     from trainguard.adapters.pricing import fetchers, refresh_prices
-    from trainguard.cli import fail
+    from trainguard.common import fail
 
     pairs: list[tuple[str, str]] | None = None
     if targets:

@@ -35,11 +35,11 @@ def prior_learn(
     """Learn the curve shape and calibration of a recipe from its finished runs and print
     a policy snippet (rules.target.params) that the target rule reads."""
     from trainguard.adapters.local import load_run
-    from trainguard.cli import _local_files, bad_input, fail
+    from trainguard.common import bad_input, fail, local_files
 
     curves, groups, skipped = [], [], []
     with bad_input():
-        files = [f for p in paths for f in _local_files(p)]
+        files = [f for p in paths for f in local_files(p)]
     for f in files:
         with bad_input():
             job = load_run(f)

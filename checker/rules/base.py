@@ -10,14 +10,10 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from trainguard.checker.model import Finding, Job, JobState
 from trainguard.checker.policy import Policy
-
-if TYPE_CHECKING:
-    from trainguard.checker.follow import Follower
-
 
 def param(default: Any, doc: str) -> Any:
     """A documented rule parameter."""
@@ -57,14 +53,6 @@ class Rule(ABC):
     @abstractmethod
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         """The findings of this rule for one job at ``ctx.now``."""
-
-    def follow(self) -> Follower:
-        """What judges one job tick after tick (a replay): by default the rule itself,
-        re-run only when what it read has changed (``checker.follow``). A rule may return
-        a ``Follower`` subclass that keeps incremental state instead."""
-        from trainguard.checker.follow import Follower
-
-        return Follower(self)
 
     @classmethod
     def describe(cls) -> list[tuple[str, Any, str]]:

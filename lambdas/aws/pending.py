@@ -11,7 +11,8 @@ from trainguard.checker.model import Job, LogLine
 from trainguard.checker.signatures import BY_NAME
 from trainguard.lambdas.aws.dynamodb_state import DynamoDBStore, PendingLogs
 from trainguard.lambdas.state import FindingMemory, JobMemory
-from trainguard.lambdas.tick import is_protected, job_key
+from trainguard.lambdas.tick import job_key
+from trainguard.lambdas.trust import is_protected
 
 
 class TickSource:

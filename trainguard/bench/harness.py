@@ -49,7 +49,8 @@ from typing import Any
 import numpy as np
 
 from trainguard.bench.anchors import ANCHORS, Anchor, KatibMedianStop, RuleKind
-from trainguard.bench.inject import INJECTORS, Injected, inject
+from trainguard.bench.inject import INJECTORS, inject
+from trainguard.bench.injected import Injected
 from trainguard.bench.labels import LABELS, NEGATIVE, Labelled
 from trainguard.checker import cost
 from trainguard.checker.evaluate import build_rules, evaluate

@@ -27,28 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from trainguard.bench import inject_speed
+from trainguard.bench.injected import Injected, Injector
 from trainguard.checker.metrics import loss_like
 from trainguard.checker.model import FloatArray, Job, JobState, LogLine, Series
-
-
-@dataclass(frozen=True)
-class Injected:
-    job: Job
-    kind: str  # the injector's name
-    label: str  # "stalled", "diverged" or "healthy": what a detector should conclude
-    onset_step: float | None
-    onset_time: float | None  # on the job's clock; None on a step clock
-    note: str
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-Injector = Callable[[Job, np.random.Generator], Injected]
 
 #: Fewer logged points than this leave no room to place a fault and watch it.
 MIN_POINTS = 10

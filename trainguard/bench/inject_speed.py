@@ -15,16 +15,13 @@ baseline raises ``ValueError``; the bench leaves it out, as it does for other fa
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainguard.bench.injected import Injected
 from trainguard.checker.cost import progress
 from trainguard.checker.model import FloatArray, Job, LogLine, Series
 from trainguard.checker.rules.slowdown import SlowdownParams
-
-if TYPE_CHECKING:
-    from trainguard.bench.inject import Injected
 
 #: The bar: throughput halved for 20 minutes.
 SLOW_FACTOR, SLOW_FOR_S = 2.0, 1200.0
@@ -90,7 +87,6 @@ def _slowed(job: Job, kind: str, at: float) -> Job:
 
 
 def slowdown(job: Job, rng: np.random.Generator) -> Injected:
-    from trainguard.bench.inject import Injected  # it registers this module: import late
 
     at, step = _onset(job, "slowdown", rng)
     out = _slowed(job, "slowdown", at)
@@ -100,7 +96,6 @@ def slowdown(job: Job, rng: np.random.Generator) -> Injected:
 
 
 def straggler(job: Job, rng: np.random.Generator) -> Injected:
-    from trainguard.bench.inject import Injected  # it registers this module: import late
 
     at, step = _onset(job, "straggler", rng)
     out = _slowed(job, "straggler", at)
