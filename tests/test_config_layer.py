@@ -140,7 +140,7 @@ def test_every_runtime_loads_its_policy_through_runtime_policy() -> None:
     runtimes = [ROOT / "lambdas" / "aws" / "runtime.py",
                 ROOT / "lambdas" / "azure" / "function_app.py",
                 ROOT / "lambdas" / "k8s" / "cronjob.py"]
-    assert "runtime_policy(" in (ROOT / "trainguard" / "cli.py").read_text()  # local watch
+    assert "runtime_policy(" in (ROOT / "trainguard" / "common.py").read_text()  # the CLI
     for path in runtimes:
         text = path.read_text()
         assert "runtime_policy(" in text, path
