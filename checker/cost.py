@@ -113,7 +113,8 @@ def planned_end(job: Job, now: float) -> float | None:
     candidates: list[float] = []
     if job.max_runtime_s and job.start_time is not None:
         candidates.append(job.start_time + job.max_runtime_s)
-    prog = progress(job)
+    # the progress series only when planned steps need it (a copy: a replay asks at every tick)
+    prog = progress(job) if job.planned_steps else None
     rate = recent_rate(prog) if job.clock != "step" else None
     if job.planned_steps and prog is not None and rate:
         remaining = max(job.planned_steps - prog.step[-1], 0.0)
