@@ -61,7 +61,8 @@ __all__ = ["azurite"]  # the session fixture, imported for pytest
 
 LIST = "/workspaces/ws-research/jobs"
 BRIGHT = "bright_river_4k2m9x7q1z"  # running, stalled for 30 min: stall critical
-OWL = "sleepy_owl_2p7d4k9m3x"  # running, stalled for 48 min against its slower cadence: warning
+# running, silent 48 min; its 5 records, 2.75 min apart, learn no cadence under 30 min: warning
+OWL = "sleepy_owl_2p7d4k9m3x"
 RESOURCE_ID = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/trainguard-research/providers/"
                "microsoft.insights/components/trainguard-research")
 
