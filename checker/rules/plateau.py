@@ -366,6 +366,9 @@ class Plateau(Rule):
         clock has no hours to count, and the clock is not read there."""
         if f.evidence.get("kind") != "converged" or job.clock == "step":
             return f
+        if cost.hourly_cost(job, ctx.policy) is None \
+                and not (job.max_runtime_s or job.planned_steps):
+            return f  # nothing to price and no planned end: the clock is not read
         now = ctx.now
         spent = cost.spent(job, ctx.policy, now)
         projected = cost.projected(job, ctx.policy, now)
