@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,41 @@ def progress(job: Job) -> Series | None:
     best = max(with_steps, key=len)
     ok = np.isfinite(best.step)
     return Series("step", best.time[ok], best.step[ok], best.step[ok])
+
+
+def progress_followed(job: Job, state: dict[str, Any] | None) -> Series | None:
+    """``progress`` for a rule judged tick after tick (``ctx.state``), in time that does
+    not grow with the run: which series ``progress`` picks depends on the series' lengths
+    and on whether each has a finite step, which, once true, stays true as the run goes
+    on; so each record's step is looked at once, and the chosen series is copied only
+    where some of its steps are NaN. ``state`` is the rule's own; None judges once."""
+    if state is None:
+        return progress(job)
+    if "step" in job.series and len(job.series["step"]):
+        return job.series["step"]
+    # name -> (records checked, any step finite, every step finite)
+    seen: dict[str, tuple[int, bool, bool]] = state.setdefault("progress_steps", {})
+    best: tuple[Series, bool] | None = None
+    for k, s in job.series.items():
+        if not len(s) or k.startswith(NOT_PROGRESS):
+            continue
+        n0, any_finite, all_finite = seen.get(k, (0, False, True))
+        if len(s) < n0:  # not the run it saw: start over
+            n0, any_finite, all_finite = 0, False, True
+        if len(s) > n0:
+            finite = np.isfinite(s.step[n0:])
+            any_finite = any_finite or bool(finite.any())
+            all_finite = all_finite and bool(finite.all())
+            seen[k] = (len(s), any_finite, all_finite)
+        if any_finite and (best is None or len(s) > len(best[0])):
+            best = (s, all_finite)
+    if best is None:
+        return None
+    s, all_finite = best
+    if all_finite:
+        return Series("step", s.time, s.step, s.step)
+    ok = np.isfinite(s.step)
+    return Series("step", s.time[ok], s.step[ok], s.step[ok])
 
 
 #: A step logged again after a silence this many times the run's median record interval

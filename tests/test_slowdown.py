@@ -5,6 +5,7 @@ together is said, and a replay (the rule's ``ctx.state``) answers as a fresh jud
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from trainguard.checker.evaluate import evaluate
 from trainguard.checker.follow import Followers
@@ -182,3 +183,29 @@ def test_a_replay_answers_as_judging_each_cut_afresh() -> None:
                                                 followers=followers)]
         fresh = [f.message for f in evaluate([cut], policy, float(now), rules=[rule])]
         assert followed == fresh
+
+
+@pytest.mark.parametrize("nan_steps", [False, True])
+def test_progress_read_from_a_loss_series_agrees_followed_and_fresh(nan_steps: bool) -> None:
+    """Without a ``step`` series the progress is the longest series with steps, found by
+    each record's step once when followed (``cost.progress_followed``): the same findings as
+    judging each cut afresh, where every step is finite and where some are not."""
+    t, s = _curve()
+    steps = s.copy()
+    if nan_steps:
+        steps[::7] = np.nan  # records that carried no step
+    loss = 2.0 + 1.0 / (1.0 + s / 1000.0)
+    val = slice(None, None, 25)
+    job = Job(id="job-1", start_time=float(t[0]), hourly_price=32.0, series={
+        "loss": Series("loss", t, steps, loss),
+        "val_loss": Series("val_loss", t[val], steps[val], loss[val] + 0.1)})
+    policy, rule, followers = Policy(), Slowdown(), Followers()
+    fired = []
+    for now in T0 + np.arange(ONSET - 600, ONSET + 2400, 61.0):
+        cut = job.until(float(now))
+        followed = [f.message for f in evaluate([cut], policy, float(now), rules=[rule],
+                                                followers=followers)]
+        fresh = [f.message for f in evaluate([cut], policy, float(now), rules=[rule])]
+        assert followed == fresh
+        fired += followed
+    assert fired, "the halved throughput is found from the loss series' steps"
