@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from trainguard.checker.model import Finding, Job, JobState
 from trainguard.checker.policy import Policy
 
+
 def param(default: Any, doc: str) -> Any:
     """A documented rule parameter."""
     if isinstance(default, list | dict | set):
