@@ -69,7 +69,14 @@ class Watchdog:
 def watchdog(moto_url: str, table: str, inbox: Inbox, tmp_path: Path,
              monkeypatch: pytest.MonkeyPatch) -> Iterator[Watchdog]:
     job = f"team-b-llm-{uuid.uuid4().hex[:6]}"
-    fleet = MetricFleet([job], time.time() - 3600)
+    yield from lambda_on(job, MetricFleet([job], time.time() - 3600), moto_url, table, inbox,
+                         tmp_path, monkeypatch)
+
+
+def lambda_on(job: str, fleet: Fleet, moto_url: str, table: str, inbox: Inbox,
+              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Watchdog]:
+    """The real Lambda handler set up, as its stack does, over ``fleet`` on a SageMaker
+    stand-in, with stops on (a fixture's body: yields once)."""
     with SageMakerServer(fleet.answer) as server:
         policy_file = tmp_path / "policy.yaml"
         for k, v in {**CREDS_ENV, "AWS_ENDPOINT_URL": moto_url,

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from tests import test_aws_runtime as aws
-from tests.sagemaker_replay import SageMakerServer
-from tests.test_aws_runtime import CREDS_ENV, HANDLER, client
-from tests.test_security_aws import MetricFleet, Watchdog, policy
+from tests.test_aws_runtime import client
+from tests.test_security_aws import MetricFleet, Watchdog, lambda_on, policy
 from trainguard.lambdas.state import AuditAction
 
 moto_url, table, inbox = aws.moto_url, aws.table, aws.inbox
@@ -41,18 +40,8 @@ class StepFleet(MetricFleet):
 def watchdog(moto_url: str, table: str, inbox: aws.Inbox, tmp_path: Path,
              monkeypatch: pytest.MonkeyPatch) -> Iterator[Watchdog]:
     job = f"team-b-slow-{uuid.uuid4().hex[:6]}"
-    fleet = StepFleet([job], time.time() - 3 * 3600)
-    with SageMakerServer(fleet.answer) as server:
-        policy_file = tmp_path / "policy.yaml"
-        for k, v in {**CREDS_ENV, "AWS_ENDPOINT_URL": moto_url,
-                     "AWS_ENDPOINT_URL_SAGEMAKER": server.url,
-                     "TRAINGUARD_STATE_TABLE": table, "TRAINGUARD_TOPIC_ARN": inbox.topic_arn,
-                     "TRAINGUARD_POLICY": str(policy_file), "TRAINGUARD_STOP_ENABLED": "true",
-                     "TRAINGUARD_SAGEMAKER_MAX_ATTEMPTS": "1",
-                     "AWS_LAMBDA_FUNCTION_NAME": "trainguard-test"}.items():
-            monkeypatch.setenv(k, v)
-        yield Watchdog(job, fleet, server, table, moto_url, inbox, policy_file)
-    HANDLER.reset()
+    yield from lambda_on(job, StepFleet([job], time.time() - 3 * 3600), moto_url, table, inbox,
+                         tmp_path, monkeypatch)
 
 
 def forge_slowdown(w: Watchdog) -> None:
