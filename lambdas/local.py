@@ -47,7 +47,10 @@ class ConsoleSink:
         self.events: list[AlarmEvent] = []
 
     def send(self, event: AlarmEvent) -> None:
-        self.events.append(event)
+        self._print(event)
+        self.events.append(event)  # only once printed: a refused event is sent again
+
+    def _print(self, event: AlarmEvent) -> None:
         m = event.memory
         at = f"[dim]{event.time - self.started:6.1f}s[/]"
         run = escape(event.job.id if event.job else event.job_key.rsplit(":", 1)[-1])

@@ -132,3 +132,16 @@ def test_the_azure_metric_watches_every_pair_the_policy_acts_on() -> None:
     series = doc["data"]["baseData"]["series"]
     assert sorted(tuple(s["dimValues"]) for s in series) == sorted(pairs)
     assert all(s["max"] == 0 for s in series)
+
+
+def test_the_console_keeps_for_the_summary_only_what_it_printed(tmp_path: Path) -> None:
+    """The local watch's summary is built from ``ConsoleSink.events``: an alarm the
+    terminal refused and the next tick said again is one event, not two."""
+    case = open_case("console", None, tmp_path)  # type: ignore[arg-type]
+    watch = Watch(case)
+    case.down(True)
+    watch.tick()
+    case.down(False)
+    watch.tick()
+    assert case.said() == {RULE: "firing"}
+    assert [e.kind for e in case.alarm.events] == ["raise"]  # type: ignore[union-attr]
