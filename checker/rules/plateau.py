@@ -268,19 +268,27 @@ class Plateau(Rule):
             return improvement, best, level
         return None
 
+    def _training_points(self, job: Job, ctx: Context, s: Series
+                         ) -> tuple[FloatArray, FloatArray] | None:
+        """(axis, value) of the finite training-objective points, judged as the objective
+        is, when ``s`` is a held-out metric and the job logs a training objective."""
+        if not is_eval(s.name):
+            return None
+        train = training_objective(job, ctx.policy)
+        if train is None:
+            return None
+        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
+        ok = np.isfinite(t.value)
+        return _axis(job, t)[ok], t.value[ok]
+
     def _training_fell(self, job: Job, ctx: Context, s: Series) -> bool:
         """A training loss that fell at all (its last third below its first), for a
         held-out objective: the model learns something, so a held-out loss that never
         improved is overfitting (the ``overfit`` rule's business), not a model that learns
         nothing. Few points are enough here: it only holds a warning back."""
-        if not is_eval(s.name):
+        if (points := self._training_points(job, ctx, s)) is None:
             return False
-        train = training_objective(job, ctx.policy)
-        if train is None:
-            return False
-        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
-        ok = np.isfinite(t.value)
-        x, v = _axis(job, t)[ok], t.value[ok]
+        x, v = points
         if len(v) < 2:
             return False
         head, tail = span_thirds(x)
@@ -293,14 +301,9 @@ class Plateau(Rule):
         """A held-out metric that never improved while the training loss did: the model
         learns and does not generalise (the ``overfit`` rule's business when it climbs
         many-fold), not a model that learns nothing."""
-        if not is_eval(s.name):
+        if (points := self._training_points(job, ctx, s)) is None:
             return False
-        train = training_objective(job, ctx.policy)
-        if train is None:
-            return False
-        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
-        ok = np.isfinite(t.value)
-        x, v = _axis(job, t)[ok], t.value[ok]
+        x, v = points
         if len(v) < self.params.min_points or np.min(v) < 0:
             return False
         res = self._flat(x, v, 1.0, learnt=True)
