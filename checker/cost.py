@@ -48,31 +48,18 @@ def spent(job: Job, policy: Policy, now: float) -> float | None:
 NOT_PROGRESS = ("heartbeat", "pause_seconds")
 
 
-def progress(job: Job) -> Series | None:
-    """The series that counts steps: ``step`` if logged, else the longest series with steps."""
-    if "step" in job.series and len(job.series["step"]):
-        return job.series["step"]
-    with_steps = [s for k, s in job.series.items() if len(s) and not k.startswith(NOT_PROGRESS)
-                  and np.isfinite(s.step).any()]
-    if not with_steps:
-        return None
-    best = max(with_steps, key=len)
-    ok = np.isfinite(best.step)
-    return Series("step", best.time[ok], best.step[ok], best.step[ok])
+def progress(job: Job, state: dict[str, Any] | None = None) -> Series | None:
+    """The series that counts steps: ``step`` if logged, else the longest series with steps.
 
-
-def progress_followed(job: Job, state: dict[str, Any] | None) -> Series | None:
-    """``progress`` for a rule judged tick after tick (``ctx.state``), in time that does
-    not grow with the run: which series ``progress`` picks depends on the series' lengths
-    and on whether each has a finite step, which, once true, stays true as the run goes
-    on; so each record's step is looked at once, and the chosen series is copied only
-    where some of its steps are NaN. ``state`` is the rule's own; None judges once."""
-    if state is None:
-        return progress(job)
+    A rule judged tick after tick passes its ``ctx.state``: which series is picked depends
+    on the series' lengths and on whether each has a finite step, which, once true, stays
+    true as the run goes on; so each record's step is looked at once, and the chosen
+    series is copied only where some of its steps are NaN."""
     if "step" in job.series and len(job.series["step"]):
         return job.series["step"]
     # name -> (records checked, any step finite, every step finite)
-    seen: dict[str, tuple[int, bool, bool]] = state.setdefault("progress_steps", {})
+    seen: dict[str, tuple[int, bool, bool]] = (
+        state.setdefault("progress_steps", {}) if state is not None else {})
     best: tuple[Series, bool] | None = None
     for k, s in job.series.items():
         if not len(s) or k.startswith(NOT_PROGRESS):

@@ -188,8 +188,9 @@ def test_a_replay_answers_as_judging_each_cut_afresh() -> None:
 @pytest.mark.parametrize("nan_steps", [False, True])
 def test_progress_read_from_a_loss_series_agrees_followed_and_fresh(nan_steps: bool) -> None:
     """Without a ``step`` series the progress is the longest series with steps, found by
-    each record's step once when followed (``cost.progress_followed``): the same findings as
-    judging each cut afresh, where every step is finite and where some are not."""
+    each record's step once when followed (``cost.progress`` with the rule's state): the
+    same findings as judging each cut afresh, where every step is finite and where some
+    are not."""
     t, s = _curve()
     steps = s.copy()
     if nan_steps:

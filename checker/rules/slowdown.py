@@ -74,7 +74,7 @@ class Slowdown(Rule):
         p: SlowdownParams = self.params
         rated = job.series.get(ctx.policy.metrics.get(p.metric, p.metric))
         src = (rated if rated is not None and len(rated) >= 2
-               else cost.progress_followed(job, ctx.state))
+               else cost.progress(job, ctx.state))
         if src is None or len(src) < 2:
             return []
         kind = "rate" if src is rated else "steps"
