@@ -24,6 +24,11 @@ A rule whose verdict is a function of a prefix of a series (a judgement made at 
 boundaries) may say so, so that the follower does not even call it in between: each run
 it puts ``ctx.state[STABLE] = {name: count, ...}``, meaning "my findings stay the same,
 whatever else I read gains records, until one of these series has ``count`` records".
+A rule whose verdict can only change on a value out of the ordinary may say so with a
+band, ``{name: Band(until, lo, hi)}``: the same findings while the series has fewer than
+``until`` records and every record it gained since the rule's run lies within
+``[lo, hi]`` (a NaN only with ``nonfinite=True``): a divergence rule is not called while
+the loss stays where no blow-up or climb can be. The follower checks each new record once.
 A rule that reads the clock may bound it too, ``{STABLE_NOW: t}``: the same findings while
 ``now < t`` (a stall rule whose silence cannot reach its threshold before then). The
 follower honours it only between consecutive cuts of a replay, while the job's state,
@@ -41,7 +46,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from trainguard.checker.model import Finding, Job, LogLine, Series
 from trainguard.checker.rules.base import Context
@@ -55,6 +62,17 @@ _ALL, _LOGS, _NOW, _JOBS, _NAMES = "\0all", "\0logs", "\0now", "\0jobs", "\0name
 STABLE = "stable"
 #: In ``ctx.state[STABLE]``: the clock (``now``) up to which they stay the same.
 STABLE_NOW = _NOW
+
+
+class Band(NamedTuple):
+    """In ``ctx.state[STABLE]``: the same findings while the series has fewer than
+    ``until`` records and each new one is within ``[lo, hi]`` (or, with ``nonfinite``,
+    is NaN or infinite)."""
+
+    until: float
+    lo: float
+    hi: float
+    nonfinite: bool = False
 
 
 class _Reads:
@@ -236,7 +254,12 @@ class Follower:
         self.calls = 0
         self.seen_at: float | None = None  # the ``now`` of the last cut it was asked about
         self.state: dict[str, Any] = {}  # the rule's own, as ``ctx.state``
-        self.stable: dict[str, float] | None = None  # the rule's ``ctx.state[STABLE]``
+        self.stable: dict[str, float | Band] | None = None  # the rule's ``ctx.state[STABLE]``
+        # the same, ready to check: series with a count, series with a band, and per banded
+        # series the records checked so far
+        self.counts: list[tuple[str, float]] = []
+        self.bands: list[tuple[str, Band]] = []
+        self.banded: dict[str, int] = {}
         self.empty: tuple[str, ...] = ()  # series it read that had no record
 
     def _still(self, job: Job, changed: Changed) -> bool:
@@ -245,15 +268,36 @@ class Follower:
         if stable is None or read is None or read.never or changed.state \
                 or (read.logs and changed.logs):
             return False
-        if read.now and not changed.now < stable.get(STABLE_NOW, -math.inf):
-            return False
-        series = job.series
-        for k, count in stable.items():
-            if k == STABLE_NOW:
-                continue
-            s = series.get(k)
-            if s is None or len(s) >= count:
+        if read.now:
+            until = stable.get(STABLE_NOW, -math.inf)
+            if isinstance(until, Band) or not changed.now < until:
                 return False
+        series = job.series
+        for k, count in self.counts:
+            s = series.get(k)
+            if s is None or len(s.value) >= count:
+                return False
+        banded = self.banded
+        for k, (until, lo, hi, nonfinite) in self.bands:  # each new record, once
+            s = series.get(k)
+            if s is None:
+                return False
+            v = s.value
+            n, n0 = len(v), banded[k]
+            if n >= until:
+                return False
+            if n - n0 == 1:
+                x = v.item(n0)
+                if not (lo <= x <= hi or (nonfinite and not math.isfinite(x))):
+                    return False
+            elif n > n0:
+                new = v[n0:n]
+                ok = (new >= lo) & (new <= hi)
+                if nonfinite:
+                    ok |= ~np.isfinite(new)
+                if not ok.all():
+                    return False
+            banded[k] = n
         return not any(k in series and len(series[k]) for k in self.empty)
 
     def check(self, job: Job, ctx: Context, changed: Changed | None = None) -> list[Finding]:
@@ -277,6 +321,11 @@ class Follower:
             self.read = _Read(reads.names, job)
         if self.stable is not None:
             self.empty = tuple(k for k in self.read.series if not len(job.series.get(k, ())))
+            self.counts = [(k, c) for k, c in self.stable.items()
+                           if k != STABLE_NOW and not isinstance(c, Band)]
+            self.bands = [(k, b) for k, b in self.stable.items() if isinstance(b, Band)]
+            self.banded = {k: len(job.series[k]) if k in job.series else 0
+                           for k, _ in self.bands}
         self.key, self._key_of = None, (job, ctx.now)  # made when first needed
         self.found = _fresh(found)
         return found

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from trainguard.adapters.local import load_run, parse_metric_option
-from trainguard.checker.follow import Followers
+from trainguard.checker.follow import Changed, Followers
 from trainguard.checker.model import Finding, Job, JobState, Series
 from trainguard.checker.policy import Policy
-from trainguard.checker.rules import divergence
+from trainguard.checker.rules import divergence_state
 from trainguard.checker.rules.base import Context, Rule
 from trainguard.checker.rules.divergence import Divergence
 from trainguard.checker.rules.overfit import Overfit
@@ -43,15 +43,26 @@ def rules() -> list[Rule]:
     return [Divergence(), Overfit()]
 
 
-def follow_and_compare(job: Job, ticks: np.ndarray, every: int = 1) -> int:
+def follow_and_compare(job: Job, ticks: np.ndarray, every: int = 1,
+                       announce: bool = True) -> int:
     """Judges ``job`` at each tick through followers and, at every ``every``-th tick,
-    afresh (no state); asserts both say the same. Returns the number of findings seen."""
+    afresh (no state); asserts both say the same. Returns the number of findings seen.
+
+    With ``announce``, the followers are told what changed since the tick before, as a
+    replay tells them (``Followers.changed``): then a rule's word that its findings stand
+    (``STABLE``: a record count, a band of values) is taken and the rule not called."""
     policy = Policy()
     followers = Followers()
     followed_rules, fresh = rules(), rules()  # one rule object per kind for all ticks
     findings = 0
+    before: tuple[float, dict[str, int]] | None = None
     for i, t in enumerate(ticks.tolist()):
         cut = job.until(t)
+        counts = {k: len(s) for k, s in cut.series.items()}
+        if announce and before is not None:
+            grown = frozenset(k for k, n in counts.items() if n != before[1].get(k, 0))
+            followers.changed = Changed(before[0], t, grown, False, False)
+        before = (t, counts)
         ctx = Context(now=t, policy=policy, jobs=[cut])
         followed = [f for r in followed_rules for f in followers.check(r, cut, ctx)]
         if i % every == 0 or i == len(ticks) - 1:
@@ -140,6 +151,9 @@ def built(seed: int) -> Job:
               "val_loss": Series("val_loss", tv, tv, np.abs(curve(len(tv))) + 0.01)}
     if rng.random() < 0.3:
         series["train/box_loss"] = Series("train/box_loss", t, t, np.abs(v[::-1]))
+        if rng.random() < 0.5:  # components only: the objective is their sum
+            series["train/cls_loss"] = Series("train/cls_loss", t, t, v)
+            del series["loss"]
     # a series that is no loss, logged between the losses' records: ticks where only it
     # grows leave the rules' input as it was
     tg = t[::2] + 0.5
@@ -147,19 +161,35 @@ def built(seed: int) -> Job:
     return Job(id=f"built-{seed}", clock="step", state=JobState.RUNNING, series=series)
 
 
+@pytest.mark.parametrize("announce", [True, False], ids=["changes-told", "changes-found"])
 @pytest.mark.parametrize("seed", range(60))
-def test_built_runs_at_uneven_ticks_say_what_a_fresh_check_says(seed: int) -> None:
+def test_built_runs_at_uneven_ticks_say_what_a_fresh_check_says(seed: int,
+                                                                announce: bool) -> None:
     """Ticks of one to forty records, so that both the record-by-record path and the
-    vectorised one are taken, and a stretch can begin in one and end in the other."""
+    vectorised one are taken, and a stretch can begin in one and end in the other; with
+    the changes told as a replay tells them, and found by the followers themselves."""
     job = built(seed)
-    n = len(job.series["loss"])
+    n = max(len(s) for k, s in job.series.items() if k != "gpu_util")
     rng = np.random.default_rng(1000 + seed)
     ends, i = [], 0
     while i < n:
         i = min(n, i + int(rng.choice([1, 1, 1, 2, 3, 9, 17, 40])))
-        ends.append(float(job.series["loss"].time[i - 1]))
+        ends.append(float(i - 1))
     ends += job.series["gpu_util"].time[::3].tolist()
-    follow_and_compare(job, np.unique(ends))
+    follow_and_compare(job, np.unique(ends), announce=announce)
+
+
+@pytest.mark.parametrize("seed", range(0, 60, 3))
+def test_records_read_in_parts_say_what_they_say_read_at_once(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long stretch of new records is read in parts (``_CHUNK``, 65,536 records: a replay
+    that has not called the rule for long hands it the stretch at once); with parts of 13
+    records, stretches and blocks straddle the parts' edges in the built runs, and a
+    fresh check reads each run in parts."""
+    monkeypatch.setattr(divergence_state, "_CHUNK", 13)
+    job = built(seed)
+    n = max(len(s) for k, s in job.series.items() if k != "gpu_util")
+    follow_and_compare(job, np.unique(np.r_[np.arange(0, n, 50), n - 1]).astype(float))
 
 
 def test_a_cut_that_does_not_extend_what_was_seen_is_read_afresh() -> None:
@@ -186,7 +216,7 @@ def test_each_record_is_read_once_over_a_replay(monkeypatch: pytest.MonkeyPatch)
     in once (the work grows with the run, not with its square); judged afresh at every
     record, the same rule takes in the square of the run's length."""
     calls = {"points": 0}
-    real_point, real_many = divergence._Climbs._point, divergence._Climbs._many
+    real_point, real_many = divergence_state.Climbs._point, divergence_state.Climbs._many
 
     def point(self: Any, at: int, x: float, p: Any) -> None:
         calls["points"] += 1
@@ -196,8 +226,8 @@ def test_each_record_is_read_once_over_a_replay(monkeypatch: pytest.MonkeyPatch)
         calls["points"] += len(new)
         real_many(self, new, n0, p)
 
-    monkeypatch.setattr(divergence._Climbs, "_point", point)
-    monkeypatch.setattr(divergence._Climbs, "_many", many)
+    monkeypatch.setattr(divergence_state.Climbs, "_point", point)
+    monkeypatch.setattr(divergence_state.Climbs, "_many", many)
     t = np.arange(5_000.0)
     loss = 2 + 8 / (1 + t / 100) + np.random.default_rng(0).normal(0, 0.05, len(t))
     job = Job(id="j", clock="step", series={"loss": Series("loss", t, t, loss)})

@@ -3,6 +3,7 @@ read has changed, and otherwise answers exactly as re-running it would."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 
 from trainguard.checker.evaluate import evaluate
-from trainguard.checker.follow import Followers
+from trainguard.checker.follow import STABLE, Band, Followers
 from trainguard.checker.model import Finding, Job, JobState, LogLine, Series, Severity
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Context, Rule
+from trainguard.replay import replay
 
 
 @dataclass
@@ -234,3 +236,47 @@ def test_the_logs_rule_followed_reads_each_line_once_and_finds_the_same(
     assert calls == 1_996  # every line up to the last tick (1,995), matched once
     assert replay(None) == followed
     assert followed[-1] and "2 line(s)" in followed[-1][0][1]
+
+
+class Banded(_Counting):
+    """Says whether any loss so far is outside [1, 10] (or, with ``nonfinite``, finite
+    and outside it), and that this cannot change while new losses stay within the band."""
+
+    name = "banded"
+    nonfinite = False
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        v = job.series["loss"].value
+        ok = (v >= 1) & (v <= 10)
+        if self.nonfinite:
+            ok |= ~np.isfinite(v)
+        if ctx.state is not None:
+            ctx.state[STABLE] = {"loss": Band(math.inf, 1.0, 10.0, self.nonfinite)}
+        return f"{int((~ok).sum())} outside"
+
+
+class BandedNonfinite(Banded):
+    name = "banded_nonfinite"
+    nonfinite = True
+
+
+@pytest.mark.parametrize("rule", [Banded, BandedNonfinite])
+def test_a_rule_banding_its_series_runs_only_when_a_value_leaves_the_band(
+        rule: type[Banded]) -> None:
+    """A replay at one tick per record of a loss within [1, 10] but for a 50 (record 100)
+    and a NaN (record 200): the rule runs at its first tick and at each of those records
+    (the NaN only without ``nonfinite``), and ends with the findings of a fresh judgement."""
+    t = np.arange(300.0)
+    loss = 2 + np.sin(t)
+    loss[100], loss[200] = 50.0, np.nan
+    job = Job(id="run", clock="step", state=JobState.RUNNING, start_time=0.0,
+              series={"loss": Series("loss", t, t, loss)})
+    rule.runs = 0
+    followers = Followers()
+    result = replay(job, Policy(), 1.0, rules=[rule()], followers=followers)
+    assert result.ticks == 300
+    assert rule.runs == 1 + (1 if rule.nonfinite else 2)
+    final = [f.message for f in evaluate([job], Policy(), 299.0, rules=[rule()])]
+    assert final == (["1 outside"] if rule.nonfinite else ["2 outside"])
+    # what the replay said at the end is what a fresh judgement says
+    assert [h.finding.message for h in result.histories] == final

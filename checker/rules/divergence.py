@@ -21,450 +21,24 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
   when it fired and when it recovered; a replay sees it fire at the time it did.
 """
 
+
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from dataclasses import dataclass
-from typing import Any
+import sys
 
 import numpy as np
 
+from trainguard.checker.follow import STABLE, Band
 from trainguard.checker.metrics import is_eval, loss_like, training_objective
 from trainguard.checker.metrics import objective as objective_of
-from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
-from trainguard.checker.rules.base import Context, Rule, param
-from trainguard.checker.seen import Track, tracked
-from trainguard.checker.stats import rolling_median3
+from trainguard.checker.rules.base import Context, Rule
+from trainguard.checker.rules.divergence_state import Before, Blowups, Climbs, DivergenceParams
+from trainguard.checker.seen import tracked
 
-_BLOCK = 16  # points per block for the rolling reference level
-_WIDE = 9  # points in the levels of the undo test: noise moves a median of 9 little
-_Before = dict[int, tuple[float | str | None, float | str | None]]
-
-
-@dataclass
-class DivergenceParams:
-    metrics: list[str] | None = param(None, "series to watch; default every series named *loss*")
-    nan_points: int = param(2, "consecutive non-finite points that make a divergence")
-    blowup_factor: float = param(
-        20.0, "a finite point this many reference scales away from the recent level is a blow-up")
-    recover_points: int = param(
-        5, "a blow-up still there after this many points is a divergence, else a spike")
-    abs_limit: float = param(1e12, "a loss beyond this magnitude is a blow-up whatever came before")
-    regress_factor: float = param(
-        5.0, "the training objective this many times its best level (the lowest median of "
-        "3 points so far) is a divergence without NaN; noise near a best is a few-fold")
-    regress_points: int = param(
-        4, "... when this many points in a row are there: more than a loss spike lasts "
-        "(a bad batch or a loss-scale skip is back within three logged points); it has "
-        "recovered once recover_points are back")
-    regress_lost: float = param(
-        0.5, "... and has given back at least this fraction of what it had learnt (its "
-        "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
-    undo_fraction: float = param(
-        0.8, "the training objective back up this fraction of the way from its best to its "
-        "first level (medians of 9 points, which noise cannot move far) is a divergence "
-        "without NaN too, however small the ratio: the run has undone its learning...")
-    undo_learnt: float = param(
-        2.0, "... when its first level was at least this many times its best (it had "
-        "learnt something to undo), for regress_points points in a row...")
-    undo_noise: float = param(
-        6.0, "... and what it had learnt (first level minus best) is at least this many "
-        "times the point scatter (from first differences: the median over blocks of 16 "
-        "points of their median step): the best of a noisy loss is a lucky dip, and its "
-        "points reach back up often")
-
-
-def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArray]:
-    """Level and scale of blocks ``b0 .. b1 - 1`` (``_BLOCK`` points each): the block's
-    median, and the larger of its magnitude and its spread. Medians ignore single
-    outliers; a block with NaN in it (a diverging job) is judged on its finite points."""
-    blocks = values[b0 * _BLOCK: b1 * _BLOCK].reshape(b1 - b0, _BLOCK)
-    finite = np.isfinite(blocks)
-    if not finite.all():
-        blocks = np.where(finite, blocks, np.nan)  # inf is no level either
-    med = np.median(blocks, axis=1)  # NaN where a block holds a NaN: mended below
-    mad = np.median(np.abs(blocks - med[:, None]), axis=1)
-    # numpy's nanmedian on the whole array is ten times slower
-    for i in np.flatnonzero(np.isnan(med)):
-        finite = blocks[i][np.isfinite(blocks[i])]
-        if len(finite):
-            med[i] = np.median(finite)
-            mad[i] = np.median(np.abs(finite - med[i]))
-    return med, np.maximum(np.abs(med), 3 * 1.4826 * mad)
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """(start, length) of each run of True."""
-    if not mask.any():
-        return []
-    padded = np.concatenate(([False], mask, [False]))
-    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
-    return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
-
-
-#: New records up to this many are read one by one: a followed rule sees one or two new
-#: records a tick, where numpy's cost per call would outweigh the work.
-_SMALL = 8
-
-
-@dataclass
-class _Blowup:
-    """A stretch of consecutive blown-up points (non-finite, or far from the level)."""
-
-    start: int
-    length: int = 0
-    nan_at: int | None = None  # its first non-finite point
-    worst_bad: int = 0  # the most non-finite points in a row in it
-    bad_now: int = 0  # non-finite points in a row at its end
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-    def add(self, bad: list[bool]) -> None:
-        for i, b in enumerate(bad):
-            if b:
-                if self.nan_at is None:
-                    self.nan_at = self.end + i
-                self.bad_now += 1
-                self.worst_bad = max(self.worst_bad, self.bad_now)
-            else:
-                self.bad_now = 0
-        self.length += len(bad)
-
-    def sustained(self, p: DivergenceParams) -> bool:
-        """A divergence rather than a spike: non-finite ``nan_points`` in a row, or blown
-        up for ``recover_points``."""
-        return self.worst_bad >= p.nan_points or self.length >= p.recover_points
-
-    def what(self) -> str:
-        return "diverged" if self.worst_bad else "blew up and stayed up"
-
-
-class _Blowups(Track):
-    """The NaN and blow-up test of one series, kept from tick to tick.
-
-    Whether point i is blown up depends on the points up to i alone (its reference is the
-    complete block before its own), so each point is judged once; a stretch of them is
-    settled once ``recover_points`` points follow it: what it was cannot change after.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lo, self.hi, self.nonfinite = math.inf, -math.inf, 0
-        self.block: tuple[int, float, float] = (-1, math.nan, math.nan)  # the last one used
-        self.open: _Blowup | None = None
-        self.pending: list[_Blowup] = []  # ended less than recover_points ago
-        self.fired: _Blowup | None = None  # the first settled divergence (the run came back)
-        self.spike: _Blowup | None = None  # the first settled spike
-        self.before: _Before = {}
-
-    def read(self, s: Series, p: DivergenceParams) -> None:
-        n0, n = self.n, len(s)
-        if n > n0:
-            new = s.value[n0:n]
-            if n - n0 <= _SMALL:
-                vals = new.tolist()
-                bad = [not math.isfinite(x) for x in vals]
-                for x, b in zip(vals, bad, strict=True):
-                    if b:
-                        self.nonfinite += 1
-                    else:
-                        self.lo, self.hi = min(self.lo, x), max(self.hi, x)
-            else:
-                ok = np.isfinite(new)
-                bad = (~ok).tolist()
-                self.nonfinite += len(new) - int(ok.sum())
-                if ok.any():
-                    self.lo = min(self.lo, float(new[ok].min()))
-                    self.hi = max(self.hi, float(new[ok].max()))
-            # Exact shortcut: every block's scale is at least its median, which is at least
-            # the series' minimum, so a positive series this tight cannot hold a blow-up.
-            tight = (not self.nonfinite and self.lo > 0
-                     and self.hi - self.lo <= p.blowup_factor * self.lo and self.hi <= p.abs_limit)
-            self._feed(None if tight else self._blown(s.value, n0, n, bad, p), bad, n0)
-        self.read_to(s)
-        while self.pending and n - self.pending[0].end >= p.recover_points:
-            run = self.pending.pop(0)
-            if run.sustained(p):
-                self.fired = self.fired or run
-            else:
-                self.spike = self.spike or run
-
-    def _ref(self, values: FloatArray, b: int) -> tuple[float, float]:
-        if self.block[0] != b:
-            med, sc = _blocks(values, b, b + 1)
-            self.block = (b, float(med[0]), float(sc[0]))
-        return self.block[1], self.block[2]
-
-    def _blown(self, values: FloatArray, n0: int, n: int, bad: list[bool],
-               p: DivergenceParams) -> list[bool]:
-        """Which of records n0 .. n-1 are blown up: non-finite, or far from the level of
-        the complete block before their own (by ``blowup_factor`` of its scale)."""
-        if n - n0 <= _SMALL:
-            out = []
-            for i, b in enumerate(bad, start=n0):
-                x = float(values[i])
-                if b or abs(x) > p.abs_limit:
-                    out.append(True)
-                    continue
-                lv, sc = self._ref(values, i // _BLOCK - 1) if i >= _BLOCK else (
-                    math.nan, math.nan)
-                out.append(abs(x - lv) > p.blowup_factor * sc)
-            return out
-        b0, b1 = max(n0 // _BLOCK - 1, 0), (n - 1) // _BLOCK  # reference blocks b0 .. b1-1
-        level, scale = np.full(n - n0, np.nan), np.full(n - n0, np.nan)
-        if b1 > b0:
-            meds, scales = _blocks(values, b0, b1)
-            self.block = (b1 - 1, float(meds[-1]), float(scales[-1]))
-            ref = np.arange(n0, n) // _BLOCK - 1 - b0  # each point sees the block before its own
-            ok = ref >= 0
-            level[ok], scale[ok] = meds[ref[ok]], scales[ref[ok]]
-        v = values[n0:n]
-        with np.errstate(all="ignore"):
-            far = (np.abs(v - level) > p.blowup_factor * scale) | (np.abs(v) > p.abs_limit)
-        return [b or f for b, f in zip(bad, far.tolist(), strict=True)]
-
-    def _feed(self, blown: list[bool] | None, bad: list[bool], n0: int) -> None:
-        if blown is None or not any(blown):
-            if self.open is not None:
-                self.pending.append(self.open)
-                self.open = None
-            return
-        for start, length in _runs(np.array(blown)):
-            if self.open is not None and start > 0:  # it ended before this one began
-                self.pending.append(self.open)
-                self.open = None
-            if self.open is None:
-                self.open = _Blowup(n0 + start)
-            self.open.add(bad[start:start + length])
-            if start + length < len(blown):
-                self.pending.append(self.open)
-                self.open = None
-
-
-def _scatter(blocks: FloatArray) -> Any:
-    """Point scatter of each block (the last axis) from its first differences:
-    1.4826 x median |diff| / sqrt(2); a slow trend barely moves it."""
-    return 1.4826 * np.median(np.abs(np.diff(blocks, axis=-1)), axis=-1) / math.sqrt(2)
-
-
-class _RunningMedian:
-    """The median of the values added so far (the lower middle one of an even count), in
-    O(log n) per value: two heaps."""
-
-    def __init__(self) -> None:
-        self.low: list[float] = []  # the lower half, negated (a max-heap)
-        self.high: list[float] = []  # the upper half
-        self.value = math.inf  # none yet: no scatter is known
-
-    def add(self, x: float) -> None:
-        if self.low and x > -self.low[0]:
-            heapq.heappush(self.high, x)
-        else:
-            heapq.heappush(self.low, -x)
-        if len(self.low) > len(self.high) + 1:
-            heapq.heappush(self.high, -heapq.heappop(self.low))
-        elif len(self.high) > len(self.low):
-            heapq.heappush(self.low, -heapq.heappop(self.high))
-        self.value = -self.low[0]
-
-
-@dataclass
-class _Climb:
-    """A stretch of consecutive finite points of the objective far above its best."""
-
-    start: int  # its first point, counted among the finite points
-    at: int  # the record of its first point
-    best: float  # the best level before it
-    head: list[float]  # its first regress_points values: the level that made it fire
-    wide: tuple[float, float]  # the first and the best levels of 9 points before it
-    length: int = 0
-    back: int | None = None  # the record of the finite point that ended it
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-
-class _Climbs(Track):
-    """The test for a divergence without NaN, kept from tick to tick: the finite points
-    read, the running best level (the lowest median of three), the first level, and the
-    stretches of points many times that best."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nf = 0  # finite points read
-        self.low = math.inf  # the lowest of them
-        self.last: list[float] = []  # the last two of them
-        self.best = math.inf  # the lowest level (median of three) so far
-        self.first = math.nan  # the first level
-        self.last_wide: list[float] = []  # the last eight finite points
-        self.best_wide = math.inf  # the lowest level of 9 points so far
-        self.noise = _RunningMedian()  # the scatter of the points, block by block
-        self.block: list[float] = []  # the finite points of the block being filled
-        self.first_wide = math.nan  # the first level of 9 points
-        self.open: _Climb | None = None
-        self.pending: list[_Climb] = []  # long enough, ended less than recover_points ago
-        self.settled: _Climb | None = None  # the last one settled: the run came back from it
-        self.before: _Before = {}
-
-    def read(self, s: Series, p: DivergenceParams) -> None:
-        n0, n = self.n, len(s)
-        if n > n0:
-            new = s.value[n0:n]
-            if n - n0 <= _SMALL:
-                for i, x in enumerate(new.tolist(), start=n0):
-                    if math.isfinite(x):
-                        self._point(i, x, p)
-            else:
-                self._many(new, n0, p)
-        self.read_to(s)
-        while self.pending and self.nf - self.pending[0].end >= p.recover_points:
-            self.settled = self.pending.pop(0)
-
-    def _point(self, at: int, x: float, p: DivergenceParams) -> None:
-        """The next finite point, record ``at``: the best is that of the levels wholly
-        before it, so a single lucky low point is not a best and x is not its own."""
-        best, wide = self.best, self.best_wide
-        high = (x >= p.regress_factor * best
-                and x >= best + p.regress_lost * max(self.first - best, 0.0)) or (
-            self.first_wide >= p.undo_learnt * wide
-            and self.first_wide - wide >= p.undo_noise * self.noise.value
-            and x >= wide + p.undo_fraction * (self.first_wide - wide))
-        self._stretch(high, at, x, best, p)
-        self.low = min(self.low, x)
-        window = self.last_wide
-        window.append(x)
-        if len(window) == _WIDE:
-            level = sorted(window)[_WIDE // 2]
-            if math.isnan(self.first_wide):
-                self.first_wide = level
-            self.best_wide = min(self.best_wide, level)
-            del window[0]
-        block = self.block
-        block.append(x)
-        if len(block) == _BLOCK:
-            # _scatter's arithmetic on one block, in Python: a sixteenth of the cost
-            steps = sorted([abs(b - a) for a, b in itertools.pairwise(block)])
-            self.noise.add(1.4826 * steps[(_BLOCK - 1) // 2] / math.sqrt(2))
-            block.clear()
-        last = self.last
-        if len(last) == 2:
-            a, b = last
-            level = max(min(a, b), min(max(a, b), x))  # stats.rolling_median3's formula
-            if self.nf == 2:
-                self.first = level
-            self.best = min(self.best, level)
-            last[0], last[1] = b, x
-        else:
-            last.append(x)
-        self.nf += 1
-
-    def _stretch(self, high: bool, at: int, x: float, best: float,
-                 p: DivergenceParams) -> None:
-        c = self.open
-        if high:
-            if c is None:
-                c = self.open = _Climb(self.nf, at, best, [], (self.first_wide, self.best_wide))
-            if len(c.head) < p.regress_points:
-                c.head.append(x)
-            c.length += 1
-        elif c is not None:
-            self._close(c, at, p)
-
-    def _close(self, c: _Climb, back: int, p: DivergenceParams) -> None:
-        c.back = back
-        if c.length >= p.regress_points:
-            self.pending.append(c)
-        self.open = None
-
-    def _many(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
-        """``_point`` on each finite value of ``new`` (records n0 ...), vectorised."""
-        ok = np.isfinite(new)
-        at = n0 + np.flatnonzero(ok)
-        v = new[ok]
-        m = len(v)
-        if not m:
-            return
-        lag = len(self.last)
-        w = np.concatenate((self.last, v))
-        levels = rolling_median3(w)  # levels[k] ends at point k + 2 - lag of v
-        if self.nf < 3 and len(levels):
-            self.first = float(levels[0])  # the level of the first three finite points
-        # before point j of v: the carried best and the levels ending before j
-        cm = np.minimum.accumulate(np.minimum(levels, self.best))
-        k = np.arange(m) - 3 + lag
-        best = np.full(m, self.best)
-        best[k >= 0] = cm[k[k >= 0]]
-        noise = self._noise(v)
-        wide, first_wide = self._wide(v)
-        with np.errstate(invalid="ignore"):
-            high = ((v >= p.regress_factor * best)
-                    & (v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))) | (
-                (first_wide >= p.undo_learnt * wide)
-                & (first_wide - wide >= p.undo_noise * noise)
-                & (v >= wide + p.undo_fraction * (first_wide - wide)))
-        if self.open is not None and not high[0]:
-            self._close(self.open, int(at[0]), p)
-        for start, length in _runs(high):
-            c = self.open
-            if c is None:
-                c = self.open = _Climb(self.nf + start, int(at[start]), float(best[start]), [],
-                                       (first_wide if np.isfinite(wide[start]) else math.nan,
-                                        float(wide[start])))
-            c.head += v[start:start + p.regress_points - len(c.head)].tolist()
-            c.length += length
-            if start + length < m:
-                self._close(c, int(at[start + length]), p)
-        self.low = min(self.low, float(v.min()))
-        self.best = float(cm[-1]) if len(cm) else self.best
-        self.last = w[-2:].tolist()
-        self.nf += m
-
-    def _wide(self, v: FloatArray) -> tuple[FloatArray, float]:
-        """Per point of ``v`` (the next finite points), the best level of 9 points wholly
-        before it; and the first such level. Carries both over to the next points."""
-        m, lag = len(v), len(self.last_wide)
-        w = np.concatenate((self.last_wide, v))
-        best = np.full(m, self.best_wide)
-        if len(w) >= _WIDE:
-            levels = np.median(np.lib.stride_tricks.sliding_window_view(w, _WIDE), axis=1)
-            if math.isnan(self.first_wide):
-                self.first_wide = float(levels[0])
-            cm = np.minimum.accumulate(np.minimum(levels, self.best_wide))
-            k = np.arange(m) - _WIDE + lag  # the last level ending before point j of v
-            best[k >= 0] = cm[k[k >= 0]]
-            self.best_wide = float(cm[-1])
-        self.last_wide = w[-(_WIDE - 1):].tolist()
-        return best, self.first_wide
-
-    def _noise(self, v: FloatArray) -> FloatArray:
-        """Per point of ``v``, the scatter of the complete blocks before it."""
-        m, lag = len(v), len(self.block)
-        w = np.concatenate((self.block, v))
-        noise = np.full(m, self.noise.value)
-        full = len(w) // _BLOCK
-        for b, x in enumerate(_scatter(w[: full * _BLOCK].reshape(full, _BLOCK)).tolist()
-                              if full else []):
-            self.noise.add(x)
-            noise[(b + 1) * _BLOCK - lag:] = self.noise.value  # points after the block
-        self.block = w[full * _BLOCK:].tolist()
-        return noise
-
-    def verdict(self, p: DivergenceParams) -> _Climb | None:
-        """The stretch to report: the first going on or ended within recover_points, else
-        the last one the run came back from, else None."""
-        if self.nf < 3 + p.regress_points or self.low <= 0:
-            return None  # too short, or no floor to measure a ratio against
-        if self.pending:
-            return self.pending[0]
-        if self.open is not None and self.open.length >= p.regress_points:
-            return self.open
-        return self.settled
+_MAX = sys.float_info.max  # a band that holds every finite value
 
 
 @register
@@ -484,17 +58,26 @@ class Divergence(Rule):
         finite_training = train is not None and len(train) > 0 and bool(
             np.isfinite(train.value[-1]))
         found = []
+        bands: dict[str, Band] | None = {}
         for s in series:
-            track = tracked(ctx.state, "blowups:" + s.name, s, _Blowups)
+            track = tracked(ctx.state, "blowups:" + s.name, s, Blowups)
             track.read(s, p)
             if (f := self._blowup(job, s, track, finite_training)) is not None:
                 found.append(f)
+            bands = _add(bands, s.name, track.band(s, p))
         objective = None if p.metrics else (train or objective_of(job, held_out=True))
         if objective is not None:
-            climbs = tracked(ctx.state, "climbs:" + objective.name, objective, _Climbs)
+            climbs = tracked(ctx.state, "climbs:" + objective.name, objective, Climbs)
             climbs.read(objective, p)
             if (f := self._climbed(job, objective, climbs)) is not None:
                 found.append(f)
+            bands = _climb_band(bands, job, objective, climbs, p)
+        if train is not None and train is not objective:
+            # only whether its last value is finite is read
+            bands = _add(bands, train.name, Band(math.inf, -_MAX, _MAX)
+                         if job.series.get(train.name) is train else None)
+        if ctx.state is not None and bands:
+            ctx.state[STABLE] = bands
         if not found:
             return []
         # One finding per job: the worst, earliest.
@@ -502,7 +85,7 @@ class Divergence(Rule):
                                   else float("inf")))
         return found[:1]
 
-    def _blowup(self, job: Job, s: Series, t: _Blowups, finite_training: bool) -> Finding | None:
+    def _blowup(self, job: Job, s: Series, t: Blowups, finite_training: bool) -> Finding | None:
         p: DivergenceParams = self.params
         eval_only = finite_training and is_eval(s.name)
         spike = t.spike
@@ -530,7 +113,7 @@ class Divergence(Rule):
         f.evidence["spike_points"] = spike.length
         return f
 
-    def _climbed(self, job: Job, s: Series, t: _Climbs) -> Finding | None:
+    def _climbed(self, job: Job, s: Series, t: Climbs) -> Finding | None:
         """The objective many times its own best level, for ``regress_points`` points in a
         row."""
         p: DivergenceParams = self.params
@@ -556,20 +139,20 @@ class Divergence(Rule):
         f.evidence.update(evidence)
         return f
 
-    def _recovered(self, job: Job, s: Series, t: _Blowups | _Climbs, start: int, end: int,
+    def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,
                    nan_at: int | None, what: str, eval_only: bool) -> Finding:
         """A divergence the run came back from: info as of now, saying when it fired."""
         f = self._finding(job, s, t, start, nan_at, Severity.INFO, what, eval_only)
         back = float(s.step[end]) if np.isfinite(s.step[end]) else None
-        f.message += (f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
-                      f" ({len(s) - end} finite points since)")
+        # no count of the points since: the finding stands unchanged while the run goes on
+        f.message += f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
         f.evidence.update(recovered=True, recovered_step=back,
                           recovered_at=float(s.time[end]), fired_step=f.step,
                           fired_at=f.started_at)
         f.evidence["kind"] = "recovered"
         return f
 
-    def _finding(self, job: Job, s: Series, t: _Blowups | _Climbs, start: int, nan_at: int | None,
+    def _finding(self, job: Job, s: Series, t: Blowups | Climbs, start: int, nan_at: int | None,
                  severity: Severity, what: str, eval_only: bool = False) -> Finding:
         last_before, best_before = _before(t.before, s, start)
         step = float(s.step[start]) if np.isfinite(s.step[start]) else None
@@ -595,6 +178,29 @@ class Divergence(Rule):
         )
 
 
+def _add(bands: dict[str, Band] | None, name: str, band: Band | None) -> dict[str, Band] | None:
+    """``bands`` with ``band`` for series ``name`` (both kept where they overlap); None, no
+    band at all (something can change at the next record), once any is None."""
+    if bands is None or band is None:
+        return None
+    if (had := bands.get(name)) is not None:
+        band = Band(min(had.until, band.until), max(had.lo, band.lo), min(had.hi, band.hi),
+                    had.nonfinite and band.nonfinite)
+    bands[name] = band
+    return bands
+
+
+def _climb_band(bands: dict[str, Band] | None, job: Job, objective: Series, climbs: Climbs,
+                p: DivergenceParams) -> dict[str, Band] | None:
+    """``bands`` with the objective's: a sum of components (not a series of the job) has
+    none; its floor is its blow-up band's, else half its lowest point."""
+    if bands is None or job.series.get(objective.name) is not objective:
+        return None
+    had = bands.get(objective.name)
+    floor = had.lo if had is not None and had.lo > 0 else climbs.low / 2
+    return _add(bands, objective.name, climbs.ceiling(floor, p))
+
+
 def _training(job: Job, ctx: Context) -> Series | None:
     """``metrics.training_objective``, whose choice among named series depends only on
     which loss series (and the policy's alias) are non-empty: a followed rule keeps the
@@ -617,7 +223,7 @@ def _training(job: Job, ctx: Context) -> Series | None:
     return s
 
 
-def _before(cache: _Before, s: Series, start: int) -> tuple[float | str | None,
+def _before(cache: Before, s: Series, start: int) -> tuple[float | str | None,
                                                             float | str | None]:
     """(last finite value, lowest finite value) before record ``start``, worked out once
     per start and kept on the track (a finding lasts many ticks)."""
