@@ -29,8 +29,10 @@ band, ``{name: Band(until, lo, hi)}``: the same findings while the series has fe
 ``until`` records and every record it gained since the rule's run lies within
 ``[lo, hi]`` (a NaN only with ``nonfinite=True``): a divergence rule is not called while
 the loss stays where no blow-up or climb can be. The follower checks each new record once.
-A rule that reads the clock may bound it too, ``{STABLE_NOW: t}``: the same findings while
-``now < t`` (a stall rule whose silence cannot reach its threshold before then). The
+A rule may bound the clock too, ``{STABLE_NOW: t}``: the same findings while ``now < t``
+(a stall rule whose silence cannot reach its threshold before then; a rule judging
+blocks of time, which no record of the next block can change before that block begins:
+a cut holds only the records up to its ``now``). The
 follower honours it only between consecutive cuts of a replay, while the job's state,
 the clock (if read and not bounded), the log lines (if read) are unchanged and no series
 the rule found empty has gained a record (a new series may change which one it judges).
@@ -268,7 +270,7 @@ class Follower:
         if stable is None or read is None or read.never or changed.state \
                 or (read.logs and changed.logs):
             return False
-        if read.now:
+        if STABLE_NOW in stable or read.now:  # a bound on the clock holds, read or not
             until = stable.get(STABLE_NOW, -math.inf)
             if isinstance(until, Band) or not changed.now < until:
                 return False
@@ -320,7 +322,9 @@ class Follower:
         if self.read is None or reads.names != self.read.raw:
             self.read = _Read(reads.names, job)
         if self.stable is not None:
-            self.empty = tuple(k for k in self.read.series if not len(job.series.get(k, ())))
+            # (a name the job has not is no series a later cut of it has)
+            self.empty = tuple(k for k in self.read.series
+                               if k in job.series and not len(job.series[k]))
             self.counts = [(k, c) for k, c in self.stable.items()
                            if k != STABLE_NOW and not isinstance(c, Band)]
             self.bands = [(k, b) for k, b in self.stable.items() if isinstance(b, Band)]
@@ -338,6 +342,19 @@ class Follower:
         return self.key
 
 
+@dataclass
+class _Plan:
+    """How ``Followers.split`` answers a kind of change: the rules to ask, the followers
+    left idle (and of those, the ones with findings), the asked rules' followers, and
+    each rule's place in the list."""
+
+    ask: list[Rule]
+    idle: list[Follower]
+    speaking: list[Follower]
+    asked: list[Follower]
+    order: dict[int, int]
+
+
 class Followers:
     """A follower per (job, rule), made on first use: pass one to ``evaluate`` for every
     tick of a replay."""
@@ -350,7 +367,7 @@ class Followers:
         # split(): per job and rule list, the tick last split, and for each kind of change
         # the followers it leaves idle; forgotten when a follower's reads or findings turn
         self._seen: dict[tuple[str, int], float] = {}
-        self._plans: dict[tuple[Any, ...], tuple[list[Rule], list[Follower], list[Follower]]] = {}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
 
     def check(self, rule: Rule, job: Job, ctx: Context) -> list[Finding]:
         key = (job.id, rule.name)
@@ -378,19 +395,35 @@ class Followers:
         if plan is None:
             ask: list[Rule] = []
             idle: list[Follower] = []
+            asked: list[Follower] = []
             for rule in rules:
                 f = self.by.get((job.id, rule.name))
                 if f is None or f.read is None or f.read.never or f.seen_at != last \
                         or not f.read.untouched(changed):
                     ask.append(rule)
+                    if f is not None:
+                        asked.append(f)
                 else:
                     idle.append(f)
-            plan = self._plans[sig] = (ask, idle, [f for f in idle if f.found])
-        ask, idle, speaking = plan
-        for f in idle:
+            plan = self._plans[sig] = _Plan(ask, idle, [f for f in idle if f.found], asked,
+                                            {id(r): i for i, r in enumerate(rules)})
+        for f in plan.idle:
             f.calls += 1
             f.seen_at = now
-        return ask, [(f.rule, _fresh(f.found)) for f in speaking]
+        kept = [(f.rule, _fresh(f.found)) for f in plan.speaking]
+        # of the others, those whose rule said until when its findings stand (``STABLE``)
+        held = [f for f in plan.asked if f.stable is not None and f.seen_at == last
+                and f._still(job, changed)]
+        if not held:
+            return plan.ask, kept
+        for f in held:
+            f.calls += 1
+            f.seen_at = now
+        rules_held = {id(f.rule) for f in held}
+        if any(f.found for f in held):
+            kept += [(f.rule, _fresh(f.found)) for f in held if f.found]
+            kept.sort(key=lambda rf: plan.order[id(rf[0])])  # in rule order, as evaluate wants
+        return [r for r in plan.ask if id(r) not in rules_held], kept
 
     def configs(self, policy: Any, rules: list[Rule]) -> dict[str, Any]:
         """Each rule's policy config, read once for the whole replay."""

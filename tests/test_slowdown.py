@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainguard.checker.evaluate import evaluate
-from trainguard.checker.follow import Followers
+from trainguard.checker.follow import Changed, Followers
 from trainguard.checker.model import Job, Series
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Context
@@ -210,3 +210,32 @@ def test_progress_read_from_a_loss_series_agrees_followed_and_fresh(nan_steps: b
         assert followed == fresh
         fired += followed
     assert fired, "the halved throughput is found from the loss series' steps"
+
+
+@pytest.mark.parametrize("straggler", [None, "algo-3"], ids=["all-hosts", "straggler"])
+def test_a_replay_told_what_changed_calls_it_once_a_block_and_answers_as_fresh(
+        straggler: str | None) -> None:
+    """Told what changed between ticks, as a replay tells its followers, the rule is not
+    called before the next block of time begins (no record of it can be in a cut before
+    then), and every tick's findings, messages and evidence (the per-host change) are a
+    fresh judgement's."""
+    t, s = _curve()
+    job = _job(t, s, hosts=_hosts(float(t[-1]), straggler))
+    policy, rule, followers = Policy(), Slowdown(), Followers()
+    before: tuple[float, dict[str, int]] | None = None
+    fired = 0
+    for now in t.tolist():  # a tick at every update
+        cut = job.until(now)
+        counts = {k: len(x) for k, x in cut.series.items()}
+        if before is not None:
+            grown = frozenset(k for k, n in counts.items() if n != before[1].get(k, 0))
+            followers.changed = Changed(before[0], now, grown, False, False)
+        before = (now, counts)
+        followed = [(f.message, repr(f.evidence)) for f in evaluate(
+            [cut], policy, now, rules=[rule], followers=followers)]
+        assert followed == [(f.message, repr(f.evidence)) for f in evaluate(
+            [cut], policy, now, rules=[rule])]
+        fired += bool(followed)
+    assert fired
+    blocks = (t[-1] - t[0]) / rule.params.block_seconds
+    assert followers.runs <= blocks + 2 < len(t) / 5

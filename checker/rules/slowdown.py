@@ -23,7 +23,8 @@ one host that moved unlike the others is named as the straggler; hosts that all 
 alike slowed together (throttling, the input pipeline, a shared file system).
 
 Linear in a replay: the blocks seen are kept in ``ctx.state`` and only new records are
-read at each tick.
+read at each tick; and as only a record of the next block can change what was judged, a
+replay does not call the rule before that block begins (``checker.follow.STABLE_NOW``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.checker import cost
+from trainguard.checker.follow import STABLE, STABLE_NOW
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
@@ -83,7 +85,16 @@ class Slowdown(Rule):
         if not isinstance(scan, _Scan) or not scan.extends(src, kind):
             scan = state["scan"] = _Scan(p, src, kind)
         scan.feed(src)
-        if not scan.fired():
+        fired = scan.fired()
+        if ctx.state is not None and (not fired or not job.planned_steps
+                                      or scan.kind != "steps"):
+            # Only a record of the next block can change the blocks judged, and a cut holds
+            # none before that block begins (the steps left to a planned end, priced
+            # in a finding, change at every record).
+            # (nor one from the warm-up, which is not read)
+            ctx.state[STABLE] = {STABLE_NOW: max(scan.t0 + (scan.block + 1) * p.block_seconds,
+                                                 scan.t0 + p.warmup_seconds)}
+        if not fired:
             return []
         return [self._finding(job, ctx, scan, src)]
 
@@ -152,8 +163,9 @@ class Slowdown(Rule):
 
 def _change(s: Series, lo: float, onset: float, last: float) -> float | None:
     """log(mean during [onset, last] / mean over [lo, onset)) of one host's series."""
-    i, j, k = np.searchsorted(s.time, [lo, onset, last], side="left")
-    before, during = s.value[i:j], s.value[j:k + 1]
+    i, j = np.searchsorted(s.time, [lo, onset], side="left")
+    k = np.searchsorted(s.time, last, side="right")  # none after ``last``: not yet seen then
+    before, during = s.value[i:j], s.value[j:k]
     before, during = before[np.isfinite(before)], during[np.isfinite(during)]
     if not len(before) or not len(during):
         return None
