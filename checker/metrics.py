@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from trainguard.checker.model import Job, Series
 from trainguard.checker.policy import Policy
+from trainguard.checker.seen import Track
 
 #: The order in which a "the loss" is looked for when the policy names none: held-out
 #: losses first (they say whether the model generalises), then the training loss.
@@ -62,30 +64,32 @@ def loss_like(job: Job) -> list[Series]:
     return [series[k] for k in sorted(series) if "loss" in k.lower() and len(series[k])]
 
 
-def primary(job: Job, policy: Policy) -> Series | None:
-    """The one metric that says whether the job is learning."""
+def primary(job: Job, policy: Policy, state: dict[str, Any] | None = None) -> Series | None:
+    """The one metric that says whether the job is learning (``state``: see
+    ``objective``)."""
     if "objective" in policy.metrics:
         return get(job, "objective", policy)
     for name in PRIMARY_ORDER:
         s = get(job, name, policy)
         if s is not None:
             return s
-    return objective(job, held_out=True) or objective(job, held_out=False)
+    return objective(job, True, state) or objective(job, False, state)
 
 
 def _shortest(series: list[Series]) -> Series:
     return min(series, key=lambda s: (len(words(s.name)), s.name))
 
 
-def training_objective(job: Job, policy: Policy) -> Series | None:
+def training_objective(job: Job, policy: Policy,
+                       state: dict[str, Any] | None = None) -> Series | None:
     """The loss the optimiser minimises, as one series (see ``objective``)."""
     alias = policy.metrics.get("loss")
     if alias and (s := job.series.get(alias)) is not None and len(s):
         return s
-    return objective(job, held_out=False)
+    return objective(job, False, state)
 
 
-def objective(job: Job, held_out: bool) -> Series | None:
+def objective(job: Job, held_out: bool, state: dict[str, Any] | None = None) -> Series | None:
     """The total loss on one side (held-out or training), as one series.
 
     The total when the job logs one (``loss``, ``train_loss``, ``val/loss``; a
@@ -93,6 +97,10 @@ def objective(job: Job, held_out: bool) -> Series | None:
     components logged together (Ultralytics' box, cls and dfl losses; a GAN's
     generator and discriminator losses, whose sum does not swing as each side wins in
     turn); else None. One component alone can stall while the model learns.
+
+    A followed rule passes its ``ctx.state``: the sum is then kept there and only the
+    records new since its last tick are added (summed afresh at every tick, a replay of
+    a GAN's run costs the square of its length).
     """
     side = [s for s in loss_like(job) if is_eval(s.name) == held_out]
     if not side:
@@ -107,12 +115,68 @@ def objective(job: Job, held_out: bool) -> Series | None:
         epoch = [s for s in totals if "epoch" in words(s.name)]
         return _shortest(epoch or totals)
     first = side[0]
-    same = [s for s in side if len(s) == len(first) and np.array_equal(s.step, first.step,
-                                                                        equal_nan=True)]
+    kept = state.get(_SUM + str(held_out)) if state is not None else None
+    if not isinstance(kept, _Sum):
+        kept = _Sum()
+    same = [s for s in side if len(s) == len(first) and kept.same_steps(s, first)]
     if len(same) < 2:
         return first if len(side) == 1 else None
-    total = np.sum([s.value for s in same], axis=0)
-    return Series("+".join(s.name for s in same), first.time, first.step, total)
+    total = kept.add(same)
+    if state is not None:
+        state[_SUM + str(held_out)] = kept
+    return total
+
+
+_SUM = "objective sum:"  # its key in a rule's state
+
+
+class _Sum:
+    """The sum of loss components logged together, kept from tick to tick: the first
+    ``n`` records of the components last summed (a ``Track`` each, to tell that a later
+    cut extends them), and their total so far in a buffer that grows by doubling."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.names: tuple[str, ...] = ()
+        self.tracks: dict[str, Track] = {}
+        self.total = np.empty(0)
+
+    def _holds(self, s: Series) -> bool:
+        t = self.tracks.get(s.name)
+        return t is not None and t.extended_by(s)
+
+    def same_steps(self, s: Series, first: Series) -> bool:
+        """``s`` is logged at ``first``'s steps; for two components summed last time and
+        extended since, only their new steps are compared (the earlier ones matched)."""
+        n0 = self.n if self._holds(s) and self._holds(first) else 0
+        if s is first:
+            return True
+        if len(s) - n0 <= 4:  # a followed rule's tick: a record or two, cheaper in Python
+            return all(a == b or (a != a and b != b)  # NaN: a record without a step
+                       for a, b in zip(s.step[n0:].tolist(), first.step[n0:].tolist(),
+                                       strict=True))
+        return np.array_equal(s.step[n0:], first.step[n0:], equal_nan=True)
+
+    def add(self, same: list[Series]) -> Series:
+        names, first, n = tuple(s.name for s in same), same[0], len(same[0])
+        if names != self.names or not all(self._holds(s) for s in same):
+            # other components: summed afresh, in a buffer of their own (series handed
+            # out before keep their values)
+            self.n, self.names, self.tracks = 0, names, {k: Track() for k in names}
+            self.total = np.empty(0)
+        n0 = self.n
+        if n > len(self.total):
+            grown = np.empty(max(n, 2 * len(self.total)))
+            grown[:n0] = self.total[:n0]
+            self.total = grown
+        self.total[n0:n] = np.sum([s.value[n0:n] for s in same], axis=0)
+        for s in same:
+            self.tracks[s.name].read_to(s)
+        self.n = n
+        total = Series.__new__(Series)  # views of arrays already checked: no re-validation
+        total.name, total.time, total.step = "+".join(names), first.time, first.step
+        total.value = self.total[:n]
+        return total
 
 
 def accuracy_partner(job: Job, s: Series) -> Series | None:

@@ -65,7 +65,7 @@ class Divergence(Rule):
             if (f := self._blowup(job, s, track, finite_training)) is not None:
                 found.append(f)
             bands = _add(bands, s.name, track.band(s, p))
-        objective = None if p.metrics else (train or objective_of(job, held_out=True))
+        objective = None if p.metrics else (train or objective_of(job, True, ctx.state))
         if objective is not None:
             climbs = tracked(ctx.state, "climbs:" + objective.name, objective, Climbs)
             climbs.read(objective, p)
@@ -215,7 +215,7 @@ def _training(job: Job, ctx: Context) -> Series | None:
     kept = ctx.state.get("training")
     if kept is not None and kept[0] == key:
         return job.series[kept[1]] if kept[1] is not None else None
-    s = training_objective(job, ctx.policy)
+    s = training_objective(job, ctx.policy, ctx.state)
     if s is None or job.series.get(s.name) is s:
         ctx.state["training"] = (key, None if s is None else s.name)
     else:

@@ -136,7 +136,7 @@ class Overfit(Rule):
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         p: OverfitParams = self.params
         val = (job.series.get(p.metric) if p.metric else
-               get(job, "val_loss", ctx.policy) or objective(job, held_out=True))
+               get(job, "val_loss", ctx.policy) or objective(job, True, ctx.state))
         if val is None:
             return []
         held = tracked(ctx.state, "held:" + val.name, val, _Held)
@@ -146,7 +146,7 @@ class Overfit(Rule):
         if not held.climbing(p):
             return []
         train = (job.series.get(p.train_metric) if p.train_metric else
-                 training_objective(job, ctx.policy))
+                 training_objective(job, ctx.policy, ctx.state))
         if train is None or val is train:
             return []
         best_at = held.best_at

@@ -115,7 +115,7 @@ class Plateau(Rule):
 
     def detect(self, job: Job, ctx: Context) -> list[Finding]:
         p: PlateauParams = self.params
-        raw = job.series.get(p.metric) if p.metric else primary(job, ctx.policy)
+        raw = job.series.get(p.metric) if p.metric else primary(job, ctx.policy, ctx.state)
         if raw is None or len(raw) == 0:
             return []
         n = len(raw)
@@ -274,7 +274,7 @@ class Plateau(Rule):
         is, when ``s`` is a held-out metric and the job logs a training objective."""
         if not is_eval(s.name):
             return None
-        train = training_objective(job, ctx.policy)
+        train = training_objective(job, ctx.policy, ctx.state)
         if train is None:
             return None
         t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
