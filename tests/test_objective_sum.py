@@ -50,7 +50,7 @@ def test_only_new_records_are_added(monkeypatch: pytest.MonkeyPatch) -> None:
         added["values"] += int(np.size(a))
         return real(a, *args, **kw)
 
-    monkeypatch.setattr(metrics.np, "sum", counting)
+    monkeypatch.setattr(np, "sum", counting)  # the numpy that metrics sums with
     job, state = _gan(2_000), {}  # type: ignore[var-annotated]
     for t in range(2_000):
         metrics.objective(job.until(float(t)), False, state)
@@ -77,6 +77,6 @@ def test_a_component_out_of_step_leaves_the_sum_and_a_rewritten_log_is_summed_af
     assert metrics.objective(cut, False) is None
     # another run under the same names (a log rewritten from the start)
     other = _gan(200, seed=1)
-    for t in (50.0, 120.0, 199.0):
-        cut = other.until(t)
+    for at in (50.0, 120.0, 199.0):
+        cut = other.until(at)
         assert _same(metrics.objective(cut, False, state), metrics.objective(cut, False))
