@@ -410,19 +410,24 @@ class Followers:
         for f in plan.idle:
             f.calls += 1
             f.seen_at = now
-        kept = [(f.rule, _fresh(f.found)) for f in plan.speaking]
+        kept = [(f.rule, _fresh(f.found)) for f in plan.speaking] if plan.speaking else []
         # of the others, those whose rule said until when its findings stand (``STABLE``)
         held = [f for f in plan.asked if f.stable is not None and f.seen_at == last
                 and f._still(job, changed)]
         if not held:
             return plan.ask, kept
+        speaking = False
         for f in held:
             f.calls += 1
             f.seen_at = now
-        rules_held = {id(f.rule) for f in held}
-        if any(f.found for f in held):
-            kept += [(f.rule, _fresh(f.found)) for f in held if f.found]
+            if f.found:
+                speaking = True
+                kept.append((f.rule, _fresh(f.found)))
+        if speaking and len(kept) > 1:
             kept.sort(key=lambda rf: plan.order[id(rf[0])])  # in rule order, as evaluate wants
+        if len(held) == len(plan.ask):  # every rule asked is held (each has a follower)
+            return [], kept
+        rules_held = {id(f.rule) for f in held}
         return [r for r in plan.ask if id(r) not in rules_held], kept
 
     def configs(self, policy: Any, rules: list[Rule]) -> dict[str, Any]:
