@@ -263,6 +263,7 @@ class Follower:
         self.bands: list[tuple[str, Band]] = []
         self.banded: dict[str, int] = {}
         self.empty: tuple[str, ...] = ()  # series it read that had no record
+        self.clock: float | None = None  # the clock's bound (-inf: read, and not bounded)
 
     def _still(self, job: Job, changed: Changed) -> bool:
         """The rule's own word that nothing it judges changed (``STABLE``)."""
@@ -270,10 +271,8 @@ class Follower:
         if stable is None or read is None or read.never or changed.state \
                 or (read.logs and changed.logs):
             return False
-        if STABLE_NOW in stable or read.now:  # a bound on the clock holds, read or not
-            until = stable.get(STABLE_NOW, -math.inf)
-            if isinstance(until, Band) or not changed.now < until:
-                return False
+        if self.clock is not None and not changed.now < self.clock:
+            return False
         series = job.series
         for k, count in self.counts:
             s = series.get(k)
@@ -300,7 +299,7 @@ class Follower:
                 if not ok.all():
                     return False
             banded[k] = n
-        return not any(k in series and len(series[k]) for k in self.empty)
+        return not self.empty or not any(k in series and len(series[k]) for k in self.empty)
 
     def check(self, job: Job, ctx: Context, changed: Changed | None = None) -> list[Finding]:
         self.calls += 1
@@ -330,6 +329,10 @@ class Follower:
             self.bands = [(k, b) for k, b in self.stable.items() if isinstance(b, Band)]
             self.banded = {k: len(job.series[k]) if k in job.series else 0
                            for k, _ in self.bands}
+            # a bound on the clock holds whether the rule read the clock or not
+            until = self.stable.get(STABLE_NOW, -math.inf if self.read.now else None)
+            self.clock = None if until is None else (
+                -math.inf if isinstance(until, Band) else float(until))
         self.key, self._key_of = None, (job, ctx.now)  # made when first needed
         self.found = _fresh(found)
         return found
