@@ -27,6 +27,15 @@ PRIMARY_ORDER = ("val_loss", "eval_loss", "validation_loss", "valid_loss", "val/
 #: the optimiser steps on.
 EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
 
+#: Words of a reinforcement-learning run's reward or return: its measure of progress, to
+#: be maximised. Its losses follow moving targets (the returns, a TD target) and climb
+#: as the agent gets better: they say nothing of progress.
+REWARD_WORDS = frozenset({"reward", "rewards", "rew", "return", "returns"})
+#: ... but not a preference trainer's rewards of a batch (DPO's rewards/chosen,
+#: rewards/margins, rewards/accuracies), whose objective is its loss.
+_NOT_REWARD = frozenset({"loss", "chosen", "rejected", "margin", "margins", "accuracies",
+                         "accuracy", "acc"})
+
 #: Words that only say where or how often a training loss was measured.
 _TRAIN_NOISE = frozenset({"train", "training", "epoch", "step", "avg", "mean", "total"})
 
@@ -49,6 +58,22 @@ def is_eval(name: str) -> bool:
     return not EVAL_WORDS.isdisjoint(words(name))
 
 
+@lru_cache(maxsize=4096)
+def is_reward(name: str) -> bool:
+    """True for an RL run's reward or return: ``rollout/ep_rew_mean``,
+    ``episode_reward_mean``, ``charts/episodic_return``, ``eval/mean_reward``."""
+    w = set(words(name))
+    return not w.isdisjoint(REWARD_WORDS) and w.isdisjoint(_NOT_REWARD)
+
+
+def reward(job: Job) -> Series | None:
+    """The reward or return an RL run logs (the shortest name of those it logs), or None:
+    the job is then no RL run."""
+    series = job.series  # read by name: only the rewards are looked at
+    found = [series[k] for k in sorted(series) if is_reward(k) and len(series[k])]
+    return _shortest(found) if found else None
+
+
 def get(job: Job, name: str, policy: Policy) -> Series | None:
     """The series for a well-known name, following ``policy.metrics`` aliases."""
     real = policy.metrics.get(name, name)
@@ -66,9 +91,11 @@ def loss_like(job: Job) -> list[Series]:
 
 def primary(job: Job, policy: Policy, state: dict[str, Any] | None = None) -> Series | None:
     """The one metric that says whether the job is learning (``state``: see
-    ``objective``)."""
+    ``objective``): an RL run's reward, else a loss."""
     if "objective" in policy.metrics:
         return get(job, "objective", policy)
+    if (r := reward(job)) is not None:
+        return r
     for name in PRIMARY_ORDER:
         s = get(job, name, policy)
         if s is not None:

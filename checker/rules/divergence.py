@@ -16,6 +16,8 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
 - calls non-finite values in evaluation losses only (validation NaN/inf while the
   training loss is finite) a warning with that diagnosis: the stop is for the
   training objective;
+- does not judge the losses of an RL run (one that logs a reward or return) this way:
+  they follow moving targets (returns, TD targets) and climb as the agent improves;
 - says, as of the last record, that a divergence the run has since come back from
   (``recover_points`` finite points back near its level) *recovered*, as info with
   when it fired and when it recovered; a replay sees it fire at the time it did.
@@ -30,7 +32,7 @@ import sys
 import numpy as np
 
 from trainguard.checker.follow import STABLE, Band
-from trainguard.checker.metrics import is_eval, loss_like, training_objective
+from trainguard.checker.metrics import is_eval, loss_like, reward, training_objective
 from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
@@ -65,7 +67,10 @@ class Divergence(Rule):
             if (f := self._blowup(job, s, track, finite_training)) is not None:
                 found.append(f)
             bands = _add(bands, s.name, track.band(s, p))
-        objective = None if p.metrics else (train or objective_of(job, True, ctx.state))
+        # An RL run's losses follow moving targets and climb as the agent improves: only
+        # their non-finite values and blow-ups are judged.
+        objective = None if p.metrics or reward(job) is not None else (
+            train or objective_of(job, True, ctx.state))
         if objective is not None:
             climbs = tracked(ctx.state, "climbs:" + objective.name, objective, Climbs)
             climbs.read(objective, p)

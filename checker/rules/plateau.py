@@ -19,6 +19,8 @@ single noisy values a fixed number of checks apart. This rule:
   learning* on few points: accuracy near 1/K says what K is; without an accuracy,
   only K up to ``chance_max_classes`` is trusted, and the loss must have started and
   ended there and never gone meaningfully below it;
+- judges an RL run by its reward or return (maximised), not its losses, which follow
+  moving targets;
 - tells *not learning* (the whole run never improved meaningfully: warning) from
   *converged* (it learnt, and improvement per unit of time is now negligible: info,
   with what stopping now would save; whether to stop is the policy's choice).
@@ -51,6 +53,7 @@ from trainguard.checker.follow import STABLE
 from trainguard.checker.metrics import (
     accuracy_partner,
     is_eval,
+    is_reward,
     per_epoch,
     primary,
     training_objective,
@@ -65,7 +68,9 @@ from trainguard.checker.stats import diff_sigma, median, rolling_median3, span_t
 class PlateauParams:
     metric: str | None = param(
         None, "the objective; default val_loss, eval_loss, ..., loss, train_loss, *loss*")
-    mode: Literal["min", "max"] = param("min", "min for a loss, max for an accuracy")
+    mode: Literal["min", "max"] = param(
+        "min", "min for a loss, max for an accuracy (an RL run's reward, the default "
+        "objective when the run logs one, is always max)")
     window_fraction: float = param(
         0.5, "the window is this later fraction of the run so far, in steps (or seconds)")
     window_steps: float | None = param(None, "a fixed window in steps instead of the fraction")
@@ -158,8 +163,9 @@ class Plateau(Rule):
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
             return []
         idx = np.flatnonzero(keep)
-        sign = 1.0 if p.mode == "min" else -1.0
-        trailing = _trailing_spike(v, p.spike_factor) if p.mode == "min" else 0
+        mode = self._mode(s)
+        sign = 1.0 if mode == "min" else -1.0
+        trailing = _trailing_spike(v, p.spike_factor) if mode == "min" else 0
         if trailing > p.spike_points:
             # A climb far above the best level reached: the divergence and overfit rules
             # judge it; it is not a plateau.
@@ -167,7 +173,7 @@ class Plateau(Rule):
         if trailing:  # a spike in progress: judge the points before it
             x, v, idx = x[:-trailing], v[:-trailing], idx[:-trailing]
         x, v, idx = _calm(x, v, idx, sign)
-        chance = self._chance(job, raw, v) if p.mode == "min" else None
+        chance = self._chance(job, raw, v) if mode == "min" else None
         if chance is not None:
             k, ln_k, acc = chance
             return [self._finding(
@@ -198,6 +204,11 @@ class Plateau(Rule):
         if never:
             return never
         return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level)]
+
+    def _mode(self, s: Series) -> str:
+        """``mode``, but an RL run's reward, the objective chosen when the policy names
+        none, is maximised."""
+        return "max" if self.params.metric is None and is_reward(s.name) else self.params.mode
 
     # --------------------------------------------------------------------- the tests
 
@@ -386,7 +397,7 @@ class Plateau(Rule):
     def _converged(self, job: Job, s: Series, at: int, v: FloatArray, idx: np.ndarray,
                    improvement: float, se: float, level: float) -> Finding:
         p: PlateauParams = self.params
-        best_at = int(np.argmin(v)) if p.mode == "min" else int(np.argmax(v))
+        best_at = int(np.argmin(v)) if self._mode(s) == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
         if improvement < -p.min_rel_improvement * level:

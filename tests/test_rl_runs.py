@@ -1,0 +1,114 @@
+"""Reinforcement-learning runs: the losses follow moving targets (the returns, a TD
+target) and climb as the agent gets better, so they say nothing of progress; the reward
+or return does. Curves built here in the shape of Stable-Baselines3, CleanRL, RLlib and
+DQN logs, and a preference trainer's (DPO) whose per-batch "rewards" are no RL reward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.test_rules_general import job_of
+from trainguard.checker.metrics import is_reward, primary
+from trainguard.checker.model import Job, Severity
+from trainguard.checker.policy import Policy
+from trainguard.config import default_policy
+from trainguard.replay import replay
+
+N = 300
+STEPS = np.arange(N) * 10.0  # an update every 10 steps (job_of logs every step)
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+def _learning() -> tuple[np.ndarray, np.ndarray]:
+    """(episode return rising 10 -> ~500, a value loss growing with it ~100-fold)."""
+    rng = _rng()
+    ret = 10 + 490 * (1 - np.exp(-np.arange(N) / 80))
+    value_loss = 0.002 * ret ** 2 * (1 + 0.3 * rng.standard_normal(N)) / 50 + 0.1
+    return ret, value_loss
+
+
+def _found(job: Job) -> list[tuple[str, Severity, str]]:
+    """Every finding a replay of the run fires, at its worst."""
+    return [(h.rule, h.worst, h.finding.message) for h in replay(job, default_policy()).histories]
+
+
+@pytest.mark.parametrize("names", [
+    ("rollout/ep_rew_mean", "train/value_loss", "train/loss"),  # Stable-Baselines3 PPO
+    ("charts/episodic_return", "losses/value_loss", "losses/td_loss"),  # CleanRL
+    ("episode_reward_mean", "vf_loss", "total_loss"),  # RLlib
+    ("episode_reward", "loss", "q_loss"),  # a DQN loop
+])
+def test_a_learning_agent_whose_losses_climb_is_not_stopped(names: tuple[str, str, str]
+                                                            ) -> None:
+    ret, value_loss = _learning()
+    rew, vloss, total = names
+    job = job_of({rew: (STEPS, ret), vloss: (STEPS, value_loss),
+                  total: (STEPS, 0.5 * value_loss - 0.01)})
+    assert primary(job, Policy()).name == rew  # type: ignore[union-attr]
+    assert [f for f in _found(job) if f[1].rank >= Severity.WARNING.rank] == []
+
+
+def test_without_the_reward_the_same_climb_is_a_divergence() -> None:
+    """The same losses logged without a reward: nothing says they follow a moving target,
+    and a loss 100-fold its best is a divergence."""
+    _, value_loss = _learning()
+    job = job_of({"train/value_loss": (STEPS, value_loss),
+                  "train/loss": (STEPS, 0.5 * value_loss)})
+    assert ("divergence", Severity.CRITICAL) in [f[:2] for f in _found(job)]
+
+
+def test_a_non_finite_loss_of_an_agent_is_still_critical() -> None:
+    ret, value_loss = _learning()
+    value_loss[200:] = np.nan
+    job = job_of({"rollout/ep_rew_mean": (STEPS, ret), "train/value_loss": (STEPS, value_loss)})
+    assert ("divergence", Severity.CRITICAL) in [f[:2] for f in _found(job)]
+
+
+def test_an_agent_whose_reward_stays_flat_is_not_learning() -> None:
+    """Its loss falls (the critic fits a return that never grows): the reward says the
+    agent learns nothing."""
+    rng = _rng()
+    job = job_of({"rollout/ep_rew_mean": (STEPS, 10 + 0.05 * rng.standard_normal(N)),
+                  "train/loss": (STEPS, 2 * np.exp(-np.arange(N) / 50) + 0.1)})
+    found = _found(job)
+    assert ("plateau", Severity.WARNING) in [f[:2] for f in found]
+    assert any("rollout/ep_rew_mean" in m and "not learning" in m for _, _, m in found)
+
+
+def test_an_agent_that_learnt_and_levelled_off_has_converged() -> None:
+    rng = _rng()
+    ret = 10 + 490 * (1 - np.exp(-np.arange(N) / 20)) + rng.standard_normal(N)
+    job = job_of({"rollout/ep_rew_mean": (STEPS, ret),
+                  "train/loss": (STEPS, 0.5 + 0.05 * rng.standard_normal(N))})
+    found = _found(job)
+    assert [f[:2] for f in found] == [("plateau", Severity.INFO)]
+    assert "converged" in found[0][2]
+
+
+def test_a_preference_trainers_rewards_are_no_rl_reward() -> None:
+    """DPO logs rewards/chosen, rewards/rejected, rewards/margins and rewards/accuracies of
+    each batch; its objective is its loss, and a loss that climbs many-fold and stays is
+    a divergence there."""
+    rng = _rng()
+    loss = 0.69 * np.exp(-np.arange(N) / 40) + 0.05 + 0.005 * rng.standard_normal(N)
+    loss[200:] *= 12
+    job = job_of({"loss": (STEPS, loss), "rewards/chosen": (STEPS, -np.arange(N) / 100),
+                  "rewards/rejected": (STEPS, -np.arange(N) / 50),
+                  "rewards/margins": (STEPS, np.arange(N) / 100),
+                  "rewards/accuracies": (STEPS, np.full(N, 0.9))})
+    assert primary(job, Policy()).name == "loss"  # type: ignore[union-attr]
+    assert ("divergence", Severity.CRITICAL) in [f[:2] for f in _found(job)]
+
+
+@pytest.mark.parametrize(("name", "rl"), [
+    ("rollout/ep_rew_mean", True), ("eval/mean_reward", True), ("episode_reward_mean", True),
+    ("charts/episodic_return", True), ("env/reward_mean", True), ("returns", True),
+    ("rewards/chosen", False), ("rewards/margins", False), ("rewards/accuracies", False),
+    ("reward_loss", False), ("val_loss", False), ("returned_items", False),
+])
+def test_what_counts_as_an_rl_reward(name: str, rl: bool) -> None:
+    assert is_reward(name) is rl
