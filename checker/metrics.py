@@ -66,6 +66,14 @@ def is_reward(name: str) -> bool:
     return not w.isdisjoint(REWARD_WORDS) and w.isdisjoint(_NOT_REWARD)
 
 
+def is_term(name: str) -> bool:
+    """True for a training loss that is one term of the objective (``kl_loss``,
+    ``aux_loss``, ``train/box_loss``), not the objective however measured (``loss``,
+    ``train_loss_step``, ``train_loss_epoch``)."""
+    return ("loss" in name.lower() and not is_eval(name)
+            and [w for w in words(name) if w not in _TRAIN_NOISE] != ["loss"])
+
+
 def reward(job: Job) -> Series | None:
     """The reward or return an RL run logs (the shortest name of those it logs), or None:
     the job is then no RL run."""

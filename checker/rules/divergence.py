@@ -13,6 +13,8 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
   first value) counts only once it has stayed far above where the run started; an
   objective that goes below zero (a GAN critic, an RL return) is not judged this way,
   and components of an adversarial objective are judged as their sum;
+- calls a finite blow-up in a term of the objective (a VAE's KL term waking up, an MoE's
+  balancing loss stepping up), while the objective is fine, a warning naming the term;
 - calls non-finite values in evaluation losses only (validation NaN/inf while the
   training loss is finite) a warning with that diagnosis: the stop is for the
   training objective;
@@ -32,12 +34,18 @@ import sys
 import numpy as np
 
 from trainguard.checker.follow import STABLE, Band
-from trainguard.checker.metrics import is_eval, loss_like, reward, training_objective
+from trainguard.checker.metrics import is_eval, is_term, loss_like, reward, training_objective
 from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule
-from trainguard.checker.rules.divergence_state import Before, Blowups, Climbs, DivergenceParams
+from trainguard.checker.rules.divergence_state import (
+    Before,
+    Blowup,
+    Blowups,
+    Climbs,
+    DivergenceParams,
+)
 from trainguard.checker.seen import tracked
 
 _MAX = sys.float_info.max  # a band that holds every finite value
@@ -64,7 +72,12 @@ class Divergence(Rule):
         for s in series:
             track = tracked(ctx.state, "blowups:" + s.name, s, Blowups)
             track.read(s, p)
-            if (f := self._blowup(job, s, track, finite_training)) is not None:
+            # a term of the objective (a VAE's KL, an MoE's balancing loss) can jump by
+            # orders of magnitude while the objective is fine: its finite blow-up is not a
+            # stop (the objective's own is, and its climbs are judged below)
+            term = (not p.metrics and train is not None and s.name != train.name
+                    and is_term(s.name))
+            if (f := self._blowup(job, s, track, finite_training, term)) is not None:
                 found.append(f)
             bands = _add(bands, s.name, track.band(s, p))
         # An RL run's losses follow moving targets and climb as the agent improves: only
@@ -90,21 +103,18 @@ class Divergence(Rule):
                                   else float("inf")))
         return found[:1]
 
-    def _blowup(self, job: Job, s: Series, t: Blowups, finite_training: bool) -> Finding | None:
+    def _blowup(self, job: Job, s: Series, t: Blowups, finite_training: bool,
+                term: bool) -> Finding | None:
         p: DivergenceParams = self.params
         eval_only = finite_training and is_eval(s.name)
         spike = t.spike
         for ended in t.pending:  # ended, but too lately to say it is over
             if ended.sustained(p):
-                return self._finding(job, s, t, ended.start, ended.nan_at,
-                                     Severity.WARNING if eval_only else Severity.CRITICAL,
-                                     ended.what(), eval_only)
+                return self._sustained(job, s, t, ended, eval_only, term)
             spike = spike or ended
         if (now := t.open) is not None:  # going on at the last record
             if now.sustained(p):
-                return self._finding(job, s, t, now.start, now.nan_at,
-                                     Severity.WARNING if eval_only else Severity.CRITICAL,
-                                     now.what(), eval_only)
+                return self._sustained(job, s, t, now, eval_only, term)
             return self._finding(job, s, t, now.start, now.nan_at, Severity.WARNING,
                                  "non-finite, watching" if now.nan_at is not None else
                                  "spiking, not yet recovered", eval_only)
@@ -117,6 +127,20 @@ class Divergence(Rule):
                           eval_only)
         f.evidence["spike_points"] = spike.length
         return f
+
+    def _sustained(self, job: Job, s: Series, t: Blowups, b: Blowup, eval_only: bool,
+                   term: bool) -> Finding:
+        """A blow-up that did not come back: critical, but a warning in an evaluation loss
+        (the training loss finite) or, finite, in a term of the objective."""
+        if term and b.nan_at is None:
+            f = self._finding(job, s, t, b.start, None, Severity.WARNING, b.what())
+            f.message += (" in a term of the loss, not in the objective itself: check "
+                          "that term")
+            f.evidence["kind"] = "term_blowup"
+            return f
+        return self._finding(job, s, t, b.start, b.nan_at,
+                             Severity.WARNING if eval_only else Severity.CRITICAL,
+                             b.what(), eval_only)
 
     def _climbed(self, job: Job, s: Series, t: Climbs) -> Finding | None:
         """The objective many times its own best level, for ``regress_points`` points in a
