@@ -32,9 +32,13 @@ EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "tes
 #: as the agent gets better: they say nothing of progress.
 REWARD_WORDS = frozenset({"reward", "rewards", "rew", "return", "returns"})
 #: ... but not a preference trainer's rewards of a batch (DPO's rewards/chosen,
-#: rewards/margins, rewards/accuracies), whose objective is its loss.
+#: rewards/margins, rewards/accuracies), whose objective is its loss, nor a supervised
+#: model's error in predicting returns (``returns_mse``).
 _NOT_REWARD = frozenset({"loss", "chosen", "rejected", "margin", "margins", "accuracies",
-                         "accuracy", "acc"})
+                         "accuracy", "acc", "mse", "mae", "rmse", "error", "err"})
+#: Words of a reward's spread rather than its level (RLlib logs episode_reward_min, _max
+#: and _mean): the level is preferred.
+_SPREAD = frozenset({"min", "max", "std", "var"})
 
 #: Words that only say where or how often a training loss was measured.
 _TRAIN_NOISE = frozenset({"train", "training", "epoch", "step", "avg", "mean", "total"})
@@ -79,7 +83,8 @@ def reward(job: Job) -> Series | None:
     the job is then no RL run."""
     series = job.series  # read by name: only the rewards are looked at
     found = [series[k] for k in sorted(series) if is_reward(k) and len(series[k])]
-    return _shortest(found) if found else None
+    level = [s for s in found if _SPREAD.isdisjoint(words(s.name))]
+    return _shortest(level or found) if found else None
 
 
 def get(job: Job, name: str, policy: Policy) -> Series | None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.test_rules_general import job_of
-from trainguard.checker.metrics import is_reward, primary
+from trainguard.checker.metrics import is_reward, primary, reward
 from trainguard.checker.model import Job, Severity
 from trainguard.checker.policy import Policy
 from trainguard.config import default_policy
@@ -109,6 +109,15 @@ def test_a_preference_trainers_rewards_are_no_rl_reward() -> None:
     ("charts/episodic_return", True), ("env/reward_mean", True), ("returns", True),
     ("rewards/chosen", False), ("rewards/margins", False), ("rewards/accuracies", False),
     ("reward_loss", False), ("val_loss", False), ("returned_items", False),
+    ("val_returns_mse", False), ("return_error", False),
 ])
 def test_what_counts_as_an_rl_reward(name: str, rl: bool) -> None:
     assert is_reward(name) is rl
+
+
+def test_the_level_of_the_reward_is_judged_not_its_spread() -> None:
+    """RLlib logs episode_reward_min, _max and _mean: the mean is the agent's level."""
+    ret, _ = _learning()
+    job = job_of({"episode_reward_max": (STEPS, ret * 2), "episode_reward_min": (STEPS, ret / 2),
+                  "episode_reward_mean": (STEPS, ret)})
+    assert reward(job).name == "episode_reward_mean"  # type: ignore[union-attr]
