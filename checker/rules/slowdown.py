@@ -30,6 +30,7 @@ replay does not call the rule before that block begins (``checker.follow.STABLE_
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,15 +196,18 @@ class _Scan:
                 and len(src) > 0 and float(src.time[0]) == self.t0)
 
     def feed(self, src: Series) -> None:
-        t, v, st = src.time, src.value, src.step
+        n0 = self.n
+        # plain floats: a record at a time, numpy's scalars cost more than the work
+        t, v, st = (src.time[n0:].tolist(), src.value[n0:].tolist(),
+                    src.step[n0:].tolist())
         start = self.t0 + self.p.warmup_seconds
-        for i in range(self.n, len(t)):
-            ti = float(t[i])
+        for i in range(len(t)):
+            ti = t[i]
             if self.kind == "rate":
-                rate = float(v[i])
-                step = float(st[i]) if math.isfinite(st[i]) else None
+                rate = v[i]
+                step = st[i] if math.isfinite(st[i]) else None
             else:
-                si = float(v[i])
+                si = v[i]
                 prev, self.last = self.last, (ti, si)
                 if prev is None or si < prev[1]:
                     continue  # the first record, or a resume or an epoch counter wrapping
@@ -220,7 +224,7 @@ class _Scan:
             if not self.rates:
                 self._pending_step = step
             self.rates.append(rate)
-        self.n = len(t)
+        self.n = n0 + len(t)
 
     def _close(self) -> None:
         """The open block is complete: judge it against the baseline, then learn from it."""
@@ -228,7 +232,7 @@ class _Scan:
             return
         p = self.p
         bstart = self.t0 + self.block * p.block_seconds
-        med = float(np.median(self.rates))
+        med = statistics.median(self.rates)  # a few dozen: numpy's call costs more
         count = len(self.rates)
         self.rates = []
         if len(self.healthy) >= p.min_baseline_blocks and self.baseline_rate > 0 \
@@ -243,7 +247,7 @@ class _Scan:
         cut = bstart - p.baseline_seconds
         while self.healthy and self.healthy[0][0] < cut:
             self.healthy.pop(0)
-        self.baseline_rate = float(np.median([m for _, m in self.healthy]))
+        self.baseline_rate = statistics.median([m for _, m in self.healthy])
 
     def fired(self) -> bool:
         p = self.p
@@ -251,4 +255,4 @@ class _Scan:
             and sum(c for _, _, c in self.slow) >= p.min_slow_updates
 
     def stretch_rate(self) -> float:
-        return float(np.median([m for _, m, _ in self.slow]))
+        return statistics.median([m for _, m, _ in self.slow])
