@@ -10,10 +10,15 @@ rule starts over on it. ``tracked`` hands a rule the track to go on with.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainguard.checker.model import Series
+from trainguard.checker.model import FloatArray, Series
+
+#: New records up to this many are read one by one: a followed rule sees one or two new
+#: records a tick, where numpy's cost per call would outweigh the work.
+SMALL = 8
 
 _Mark = tuple[float, ...]
 
@@ -44,6 +49,21 @@ class Track:
         if s.value is self._values:
             return True
         return len(s) >= self.n and _same(_mark(s, self.n), self._mark)
+
+    def read_new(self, s: Series, one: Callable[[int, float], None],
+                 many: Callable[[int, FloatArray], None]) -> None:
+        """Hands on the records of ``s`` new since the last read, then notes them read:
+        up to ``SMALL`` of them one by one, each finite one as ``one(record, value)``;
+        more, all at once as ``many(first record, values)``."""
+        n0, n = self.n, len(s)
+        if n > n0:
+            if n - n0 <= SMALL:
+                for i, x in enumerate(s.value[n0:n].tolist(), start=n0):
+                    if math.isfinite(x):
+                        one(i, x)
+            else:
+                many(n0, s.value[n0:n])
+        self.read_to(s)
 
     def read_to(self, s: Series) -> None:
         """Notes that every record of ``s`` has now been worked through."""

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.told import Teller
 from trainguard.adapters.local import load_run, parse_metric_option
-from trainguard.checker.follow import Changed, Followers
+from trainguard.checker.follow import Followers
 from trainguard.checker.model import Finding, Job, JobState, Series
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules import divergence_state
@@ -55,14 +56,9 @@ def follow_and_compare(job: Job, ticks: np.ndarray, every: int = 1,
     followers = Followers()
     followed_rules, fresh = rules(), rules()  # one rule object per kind for all ticks
     findings = 0
-    before: tuple[float, dict[str, int]] | None = None
+    teller = Teller(followers)
     for i, t in enumerate(ticks.tolist()):
-        cut = job.until(t)
-        counts = {k: len(s) for k, s in cut.series.items()}
-        if announce and before is not None:
-            grown = frozenset(k for k, n in counts.items() if n != before[1].get(k, 0))
-            followers.changed = Changed(before[0], t, grown, False, False)
-        before = (t, counts)
+        cut = teller.cut(job, t) if announce else job.until(t)
         ctx = Context(now=t, policy=policy, jobs=[cut])
         followed = [f for r in followed_rules for f in followers.check(r, cut, ctx)]
         if i % every == 0 or i == len(ticks) - 1:

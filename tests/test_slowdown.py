@@ -4,11 +4,14 @@ together is said, and a replay (the rule's ``ctx.state``) answers as a fresh jud
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from tests.told import Teller
 from trainguard.checker.evaluate import evaluate
-from trainguard.checker.follow import Changed, Followers
+from trainguard.checker.follow import Followers
 from trainguard.checker.model import Job, Series
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Context
@@ -170,19 +173,30 @@ def test_a_throughput_series_is_used_when_the_job_logs_one() -> None:
     assert fire is not None and fire[1].evidence["measured"] == "rate"  # type: ignore[attr-defined]
 
 
+def _followed_as_fresh(job: Job, times: Any, told: bool = False
+                      ) -> tuple[list[str], Followers, Slowdown]:
+    """Judges ``job`` at each of ``times`` through followers (told what changed between
+    ticks, as a replay tells them, with ``told``) and afresh; asserts both give the same
+    findings, messages and evidence. Returns the messages followed, the followers and the
+    rule."""
+    policy, rule, followers = Policy(), Slowdown(), Followers()
+    teller = Teller(followers)
+    fired: list[str] = []
+    for now in times:
+        now = float(now)
+        cut = teller.cut(job, now) if told else job.until(now)
+        followed = [(f.message, repr(f.evidence)) for f in evaluate(
+            [cut], policy, now, rules=[rule], followers=followers)]
+        assert followed == [(f.message, repr(f.evidence)) for f in evaluate(
+            [cut], policy, now, rules=[rule])], now
+        fired += [m for m, _ in followed]
+    return fired, followers, rule
+
+
 def test_a_replay_answers_as_judging_each_cut_afresh() -> None:
     """The state kept between ticks (``ctx.state``) changes nothing but the work."""
     t, s = _curve()
-    job = _job(t, s)
-    policy = Policy()
-    rule = Slowdown()
-    followers = Followers()
-    for now in T0 + np.arange(ONSET - 600, ONSET + 2400, 97.0):
-        cut = job.until(float(now))
-        followed = [f.message for f in evaluate([cut], policy, float(now), rules=[rule],
-                                                followers=followers)]
-        fresh = [f.message for f in evaluate([cut], policy, float(now), rules=[rule])]
-        assert followed == fresh
+    _followed_as_fresh(_job(t, s), T0 + np.arange(ONSET - 600, ONSET + 2400, 97.0))
 
 
 @pytest.mark.parametrize("nan_steps", [False, True])
@@ -200,15 +214,7 @@ def test_progress_read_from_a_loss_series_agrees_followed_and_fresh(nan_steps: b
     job = Job(id="job-1", start_time=float(t[0]), hourly_price=32.0, series={
         "loss": Series("loss", t, steps, loss),
         "val_loss": Series("val_loss", t[val], steps[val], loss[val] + 0.1)})
-    policy, rule, followers = Policy(), Slowdown(), Followers()
-    fired = []
-    for now in T0 + np.arange(ONSET - 600, ONSET + 2400, 61.0):
-        cut = job.until(float(now))
-        followed = [f.message for f in evaluate([cut], policy, float(now), rules=[rule],
-                                                followers=followers)]
-        fresh = [f.message for f in evaluate([cut], policy, float(now), rules=[rule])]
-        assert followed == fresh
-        fired += followed
+    fired, _, _ = _followed_as_fresh(job, T0 + np.arange(ONSET - 600, ONSET + 2400, 61.0))
     assert fired, "the halved throughput is found from the loss series' steps"
 
 
@@ -221,21 +227,7 @@ def test_a_replay_told_what_changed_calls_it_once_a_block_and_answers_as_fresh(
     fresh judgement's."""
     t, s = _curve()
     job = _job(t, s, hosts=_hosts(float(t[-1]), straggler))
-    policy, rule, followers = Policy(), Slowdown(), Followers()
-    before: tuple[float, dict[str, int]] | None = None
-    fired = 0
-    for now in t.tolist():  # a tick at every update
-        cut = job.until(now)
-        counts = {k: len(x) for k, x in cut.series.items()}
-        if before is not None:
-            grown = frozenset(k for k, n in counts.items() if n != before[1].get(k, 0))
-            followers.changed = Changed(before[0], now, grown, False, False)
-        before = (now, counts)
-        followed = [(f.message, repr(f.evidence)) for f in evaluate(
-            [cut], policy, now, rules=[rule], followers=followers)]
-        assert followed == [(f.message, repr(f.evidence)) for f in evaluate(
-            [cut], policy, now, rules=[rule])]
-        fired += bool(followed)
+    fired, followers, rule = _followed_as_fresh(job, t, told=True)  # a tick at every update
     assert fired
     blocks = (t[-1] - t[0]) / rule.params.block_seconds
     assert followers.runs <= blocks + 2 < len(t) / 5

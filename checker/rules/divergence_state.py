@@ -19,7 +19,7 @@ import numpy as np
 from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
-from trainguard.checker.seen import Track
+from trainguard.checker.seen import SMALL, Track
 from trainguard.checker.stats import rolling_median3
 
 _BLOCK = 16  # points per block for the rolling reference level
@@ -89,12 +89,9 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
 
 
-#: New records up to this many are read one by one: a followed rule sees one or two new
-#: records a tick, where numpy's cost per call would outweigh the work.
-_SMALL = 8
-#: ... and more than this many a part at a time: a replay that has not called the rule
-#: for a long stretch (``band``) hands it that stretch at once, and numpy's work arrays
-#: for a million records would outweigh the run's own.
+#: New records beyond ``seen.SMALL`` are read a part of this many at a time: a replay
+#: that has not called the rule for a long stretch (``band``) hands it that stretch at
+#: once, and numpy's work arrays for a million records would outweigh the run's own.
 _CHUNK = 1 << 16
 
 
@@ -165,7 +162,7 @@ class Blowups(Track):
     def _read(self, values: FloatArray, n0: int, n: int, p: DivergenceParams) -> None:
         """Records n0 .. n-1."""
         new = values[n0:n]
-        if n - n0 <= _SMALL:
+        if n - n0 <= SMALL:
             vals = new.tolist()
             bad = [not math.isfinite(x) for x in vals]
             for x, b in zip(vals, bad, strict=True):
@@ -223,7 +220,7 @@ class Blowups(Track):
                p: DivergenceParams) -> list[bool]:
         """Which of records n0 .. n-1 are blown up: non-finite, or far from the level of
         the complete block before their own (by ``blowup_factor`` of its scale)."""
-        if n - n0 <= _SMALL:
+        if n - n0 <= SMALL:
             out = []
             for i, b in enumerate(bad, start=n0):
                 x = float(values[i])
@@ -332,17 +329,8 @@ class Climbs(Track):
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
-        n0, n = self.n, len(s)
-        if n > n0:
-            new = s.value[n0:n]
-            if n - n0 <= _SMALL:
-                for i, x in enumerate(new.tolist(), start=n0):
-                    if math.isfinite(x):
-                        self._point(i, x, p)
-            else:
-                for a in range(n0, n, _CHUNK):
-                    self._many(s.value[a:min(a + _CHUNK, n)], a, p)
-        self.read_to(s)
+        self.read_new(s, lambda i, x: self._point(i, x, p),
+                      lambda n0, new: self._parts(new, n0, p))
         while self.pending and self.nf - self.pending[0].end >= p.recover_points:
             self.settled = self.pending.pop(0)
 
@@ -401,6 +389,10 @@ class Climbs(Track):
         if c.length >= p.regress_points:
             self.pending.append(c)
         self.open = None
+
+    def _parts(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
+        for a in range(0, len(new), _CHUNK):
+            self._many(new[a:a + _CHUNK], n0 + a, p)
 
     def _many(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
         """``_point`` on each finite value of ``new`` (records n0 ...), vectorised."""

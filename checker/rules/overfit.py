@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainguard.checker.metrics import get, objective, training_objective
-from trainguard.checker.model import Finding, Job, Series, Severity
+from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.seen import Track, tracked
@@ -45,9 +45,6 @@ class OverfitParams:
     points: int = param(3, "... for this many consecutive evaluations")
 
 
-#: New evaluations up to this many are read one by one (a followed rule sees one a tick).
-_SMALL = 8
-
 
 class _Held(Track):
     """The held-out loss as far as it has been read: its levels (median of three finite
@@ -67,17 +64,11 @@ class _Held(Track):
         self.best_value, self.best_at = math.inf, -1  # the lowest before them, and its record
 
     def read(self, s: Series, p: OverfitParams) -> None:
-        n0, n = self.n, len(s)
-        if n > n0:
-            new = s.value[n0:n]
-            if n - n0 <= _SMALL:
-                for i, x in enumerate(new.tolist(), start=n0):
-                    if math.isfinite(x):
-                        self._many([i], [x], p)
-            else:
-                ok = np.isfinite(new)
-                self._many((n0 + np.flatnonzero(ok)).tolist(), new[ok].tolist(), p)
-        self.read_to(s)
+        def many(n0: int, new: FloatArray) -> None:
+            ok = np.isfinite(new)
+            self._many((n0 + np.flatnonzero(ok)).tolist(), new[ok].tolist(), p)
+
+        self.read_new(s, lambda i, x: self._many([i], [x], p), many)
 
     def _many(self, at: list[int], v: list[float], p: OverfitParams) -> None:
         """The next finite evaluations ``v`` (records ``at``), in order."""
