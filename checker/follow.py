@@ -433,6 +433,11 @@ class Followers:
         rules_held = {id(f.rule) for f in held}
         return [r for r in plan.ask if id(r) not in rules_held], kept
 
+    def saw(self, job: Job, rules: list[Rule], now: float) -> None:
+        """Note that ``rules`` were asked about ``job`` at ``now`` (``checker.skip``
+        answered the ticks up to it for them)."""
+        self._seen[(job.id, id(rules))] = now
+
     def configs(self, policy: Any, rules: list[Rule]) -> dict[str, Any]:
         """Each rule's policy config, read once for the whole replay."""
         c = self._configs

@@ -45,6 +45,8 @@ from trainguard.checker.model import (
 )
 from trainguard.checker.policy import Policy
 from trainguard.checker.rules.base import Rule
+from trainguard.checker.skip import Span, quiet_until
+from trainguard.checker.skip import skip as skip_ticks
 
 TickUnit = Literal["s", "step"]
 
@@ -59,6 +61,11 @@ WALK_RECORDS = 4_096
 #: The live watchdog's usual cadence (seconds): the automatic schedule on a time axis
 #: judges no more often than this.
 LIVE_TICK_S = 60.0
+#: Ticks skipped at once at most (``checker.skip``): a band is checked over that many.
+_SKIP_LIMIT = 1 << 16
+#: Where the ticks could not be skipped, the next try waits twice as long, up to this many
+#: ticks: a rule run at every tick (one reading the clock) makes each try a loss.
+_SKIP_BACKOFF = 64
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,7 @@ class ReplayResult:
     rule_runs: int = 0  # of those, the ones that ran the rule (the rest: input unchanged)
     timed_back: bool = False  # fires moved back from their tick to the record that made them
     times: FloatArray | None = None  # the ticks
+    judged: int = 0  # ticks judged; the others answered as the tick before (checker.skip)
 
     def tick_before(self, t: float) -> float:
         """The tick before the one at ``t`` (-inf for the first)."""
@@ -261,6 +269,12 @@ class Cuts:
         of ticks at a time (one ``searchsorted`` per series per chunk, not per tick)."""
         self._ticks, self._next, self._rows, self._rows_from = times, 0, [], 0
         self._ahead = []
+
+    def skip_to(self, i: int) -> None:
+        """Cut at the planned tick ``i``, after ticks skipped (``checker.skip``): what the
+        next cut gained is then counted from this one."""
+        self._next = i
+        self(float(self._ticks[i]))
 
     def _counts(self, t: float) -> list[int]:
         """Records of each series (then of the log lines, when in time order) at ``t``."""
@@ -407,7 +421,7 @@ def _walk(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], boo
 
 def replay(job: Job, policy: Policy, tick: float | None = None,
            rules: list[Rule] | None = None, followers: Followers | None = None,
-           resolution: float = 1.0) -> ReplayResult:
+           resolution: float = 1.0, skip: bool = True) -> ReplayResult:
     """Judge ``job`` at every tick of ``tick`` (seconds, or steps on a step clock).
 
     With ``tick`` None the ticks fall every logging interval, no more than
@@ -415,7 +429,9 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     record that caused it (``refine``; on a time axis, to ``resolution`` seconds within
     a silence), so it is reported at most one logging interval late. With a given tick
     the fires are reported at the ticks, as a live watchdog at that cadence saw them.
-    ``followers`` may be passed in to judge the same job again later."""
+    ``followers`` may be passed in to judge the same job again later. ``skip`` False
+    judges every tick, where ticks at which no rule has anything new to read are
+    otherwise skipped (``checker.skip``): the same result, tested so."""
     began = _time.perf_counter()
     rules = build_rules(policy) if rules is None else rules
     timed_back = tick is None
@@ -442,12 +458,29 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     cuts.plan(times)
     before: float | None = None
     seen_last: dict[str, tuple[float, Severity]] = {}
-    for t in (t for lo in range(0, len(times), Cuts.CHUNK)  # no list of a million floats
-              for t in times[lo:lo + Cuts.CHUNK].tolist()):
+    span = Span(job, times, cuts.down) if skip else None
+    wait = next_try = 1  # ticks skipped only where that is likely: see ``_SKIP_BACKOFF``
+    i = judged = 0
+    while i < len(times):
+        t = times.item(i)
         cut = cuts(t)
         followers.changed = cuts.changed(before, t) if before is not None else None
         final = evaluate([cut], policy, t, rules=rules, followers=followers)
         before = t
+        i += 1
+        judged += 1
+        if span is not None and i >= next_try and i < len(times):
+            # the ticks up to the one before ``quiet`` answer as this one: only that one
+            # is judged (each finding's last sighting and money are its own)
+            quiet = quiet_until(followers, rules, span, i - 1, _SKIP_LIMIT)
+            if quiet > i + 1:
+                skip_ticks(followers, rules, span, i - 1, quiet - 2)
+                cuts.skip_to(quiet - 2)
+                before, i, wait = times.item(quiet - 2), quiet - 1, 1
+                next_try = quiet + 1  # (the tick before ``quiet`` is known quiet)
+            else:
+                wait = min(2 * wait, _SKIP_BACKOFF)
+                next_try = i + wait
         for f in final:
             h = histories.get(f.key)
             if h is None:
@@ -483,6 +516,7 @@ def replay(job: Job, policy: Policy, tick: float | None = None,
     result.rule_calls, result.rule_runs = followers.calls, followers.runs
     result.timed_back = timed_back
     result.times = times
+    result.judged = judged
     result.elapsed_ms = (_time.perf_counter() - began) * 1e3
     return result
 

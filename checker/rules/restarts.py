@@ -8,11 +8,13 @@ failure reason and log lines (OOMKilled, exit 137, NCCL timeout...).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from trainguard.checker.cost import progress
+from trainguard.checker.follow import STABLE
 from trainguard.checker.model import Finding, Job, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
@@ -35,8 +37,11 @@ class Restarts(Rule):
         times = sorted(job.restart_times)
         if not times and job.restarts < p.warn_after:
             return []
-        stuck = (self._restarts_without_progress(job, times, ctx.now) if times
-                 else job.restarts)
+        stuck = self._restarts_without_progress(job, times) if times else job.restarts
+        if stuck == 0 and ctx.state is not None:
+            # progress since the last restart: no record can undo it, only another restart
+            # (a change of the job a follower sees) can change this verdict
+            ctx.state[STABLE] = {}
         if stuck < p.warn_after:
             return []
         severity = Severity.CRITICAL if stuck >= p.max_no_progress else Severity.WARNING
@@ -51,9 +56,10 @@ class Restarts(Rule):
                       "restarts_without_progress": stuck, "reasons": reasons},
         )]
 
-    def _restarts_without_progress(self, job: Job, times: list[float], now: float) -> int:
+    def _restarts_without_progress(self, job: Job, times: list[float]) -> int:
         """How many of the latest restarts in a row were not followed by a new best step
-        before the next restart (or before now, for the last one)."""
+        before the next restart (or by the latest record, for the last one: a record
+        stamped after the watchdog's clock still counts as progress)."""
         prog = progress(job)
         if prog is None or not len(prog):
             return len(times)
@@ -65,7 +71,7 @@ class Restarts(Rule):
 
         stuck = 0
         for k in range(len(times) - 1, -1, -1):
-            until = times[k + 1] if k + 1 < len(times) else now
+            until = times[k + 1] if k + 1 < len(times) else math.inf
             if best_at(until) > best_at(times[k]):
                 break
             stuck += 1
