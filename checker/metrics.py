@@ -78,9 +78,13 @@ def is_term(name: str) -> bool:
             and [w for w in words(name) if w not in _TRAIN_NOISE] != ["loss"])
 
 
-def reward(job: Job) -> Series | None:
-    """The reward or return an RL run logs (the shortest name of those it logs), or None:
-    the job is then no RL run."""
+def reward(job: Job, policy: Policy | None = None) -> Series | None:
+    """The reward or return an RL run logs, or None: the job is then no RL run. The one
+    ``policy.metrics["reward"]`` names (an empty name: no series is an RL reward, for a
+    run whose ``returns`` are a forecast's), else the shortest name of those it logs."""
+    if policy is not None and "reward" in policy.metrics:
+        named = policy.metrics["reward"]
+        return get(job, "reward", policy) if named else None
     series = job.series  # read by name: only the rewards are looked at
     found = [series[k] for k in sorted(series) if is_reward(k) and len(series[k])]
     level = [s for s in found if _SPREAD.isdisjoint(words(s.name))]
@@ -107,7 +111,7 @@ def primary(job: Job, policy: Policy, state: dict[str, Any] | None = None) -> Se
     ``objective``): an RL run's reward, else a loss."""
     if "objective" in policy.metrics:
         return get(job, "objective", policy)
-    if (r := reward(job)) is not None:
+    if (r := reward(job, policy)) is not None:
         return r
     for name in PRIMARY_ORDER:
         s = get(job, name, policy)

@@ -121,3 +121,65 @@ def test_the_level_of_the_reward_is_judged_not_its_spread() -> None:
     job = job_of({"episode_reward_max": (STEPS, ret * 2), "episode_reward_min": (STEPS, ret / 2),
                   "episode_reward_mean": (STEPS, ret)})
     assert reward(job).name == "episode_reward_mean"  # type: ignore[union-attr]
+
+
+def _found_with(job: Job, metrics: str) -> list[tuple[str, Severity, str]]:
+    """Every finding a replay fires with the default policy and a ``metrics:`` line, the
+    policy read as a user writes it."""
+    from trainguard.config import default_policy_text
+    from trainguard.config.policy import load_policy_text
+
+    policy = load_policy_text(default_policy_text().replace("metrics: {}", metrics),
+                              "team.yaml")
+    return [(h.rule, h.worst, h.finding.message) for h in replay(job, policy).histories]
+
+
+def test_a_reward_the_names_miss_is_named_in_the_policy() -> None:
+    """An agent that logs its return as ``score``: nothing in the name says RL, so its
+    climbing value loss reads as a divergence, until the policy names the reward. Then
+    the losses are judged for NaN and blow-ups only, and the score is maximised: a flat
+    one is not learning."""
+    ret, value_loss = _learning()
+    job = job_of({"score": (STEPS, ret), "value_loss": (STEPS, value_loss)})
+    assert ("divergence", Severity.CRITICAL) in [f[:2] for f in _found(job)]
+    named = _found_with(job, "metrics: {reward: score}")
+    assert [f for f in named if f[1].rank >= Severity.WARNING.rank] == []
+    assert primary(job, Policy(metrics={"reward": "score"})).name == "score"  # type: ignore[union-attr]
+    rng = _rng()
+    flat = job_of({"score": (STEPS, 10 + 0.05 * rng.standard_normal(N)),
+                   "value_loss": (STEPS, 2 * np.exp(-np.arange(N) / 50) + 0.1)})
+    found = _found_with(flat, "metrics: {reward: score}")
+    assert any(r == "plateau" and s is Severity.WARNING and "score" in m and "not learning" in m
+               for r, s, m in found)
+
+
+def test_returns_that_are_no_reward_are_unnamed_in_the_policy() -> None:
+    """A forecasting model that logs the ``returns`` it predicts beside its loss reads as
+    an RL run by the names, and its loss climbing tenfold is then only judged for NaN and
+    blow-ups. ``reward: ""`` says no series is a reward: the climb is a divergence."""
+    rng = _rng()
+    loss = 0.5 * np.exp(-np.arange(N) / 40) + 0.05 + 0.002 * rng.standard_normal(N)
+    loss[200:] *= 10
+    job = job_of({"loss": (STEPS, loss), "returns": (STEPS, 0.01 * rng.standard_normal(N))})
+    assert ("divergence", Severity.CRITICAL) not in [f[:2] for f in _found(job)]
+    assert reward(job, Policy(metrics={"reward": ""})) is None
+    found = _found_with(job, 'metrics: {reward: ""}')
+    assert ("divergence", Severity.CRITICAL) in [f[:2] for f in found]
+
+
+@pytest.mark.parametrize(("shape", "want"), [
+    ("flat cost", Severity.WARNING),  # MountainCar at -200 until it learns: nothing learnt
+    ("learnt cost", Severity.INFO),  # Pendulum: -1500 -> -150 and levels off: converged
+    ("crosses zero", None),  # -50 -> +50 and still climbing: learning
+])
+def test_a_negative_reward_is_judged_by_its_size(shape: str, want: Severity | None) -> None:
+    """A reward below zero is a cost; the agent maximises it all the same."""
+    rng = _rng()
+    t = np.arange(N, dtype=np.float64)
+    ret = {"flat cost": -200 + 0.5 * rng.standard_normal(N),
+           "learnt cost": -150 - 1350 * np.exp(-t / 25) + rng.standard_normal(N),
+           "crosses zero": -50 + t / 3 + rng.standard_normal(N)}[shape]
+    job = job_of({"rollout/ep_rew_mean": (STEPS, ret),
+                  "train/value_loss": (STEPS, 5 + 0.5 * rng.standard_normal(N))})
+    found = [(r, s) for r, s, _ in _found(job)]
+    assert found == ([] if want is None else [("plateau", want)])

@@ -251,7 +251,7 @@ def warn_unknown_series(policy: Policy, jobs: list[Job]) -> None:
             values = value if isinstance(value, list | tuple) else [value]
             named += [(f"rules.{name}.params.{key}", v) for v in values if isinstance(v, str)]
     for where, series in named:
-        if series not in have:
+        if series and series not in have:  # ("": the policy says there is none)
             close = difflib.get_close_matches(series, sorted(have), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             err.print(f"[yellow]trainguard: warning:[/] policy {policy.name!r}: {where} "

@@ -82,7 +82,7 @@ class Divergence(Rule):
             bands = _add(bands, s.name, track.band(s, p))
         # An RL run's losses follow moving targets and climb as the agent improves: only
         # their non-finite values and blow-ups are judged.
-        objective = None if p.metrics or reward(job) is not None else (
+        objective = None if p.metrics or reward(job, ctx.policy) is not None else (
             train or objective_of(job, True, ctx.state))
         if objective is not None:
             climbs = tracked(ctx.state, "climbs:" + objective.name, objective, Climbs)

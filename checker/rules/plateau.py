@@ -59,6 +59,7 @@ from trainguard.checker.metrics import (
     training_objective,
 )
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
+from trainguard.checker.policy import Policy
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.stats import diff_sigma, median, rolling_median3, span_thirds, t_quantile
@@ -158,12 +159,15 @@ class Plateau(Rule):
         x = _axis(job, s, by_time=p.window_seconds is not None)
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
-        if len(v) < p.chance_min_points or np.min(v) < 0:
-            # Improvement relative to the level needs a floor at zero; a metric that went
-            # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none.
+        mode = self._mode(s, ctx.policy)
+        if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
+            # Improvement relative to the level needs a floor at zero; a loss that went
+            # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none. A
+            # reward below zero is a cost (Pendulum's -1500 to -150, MountainCar's -200
+            # until it learns): its size is the level, and a reward crossing zero has
+            # none, so it is never confidently flat there.
             return []
         idx = np.flatnonzero(keep)
-        mode = self._mode(s)
         sign = 1.0 if mode == "min" else -1.0
         trailing = _trailing_spike(v, p.spike_factor) if mode == "min" else 0
         if trailing > p.spike_points:
@@ -203,12 +207,14 @@ class Plateau(Rule):
         never = self._never(job, ctx, s, v, idx, sign)
         if never:
             return never
-        return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level)]
+        return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level, mode)]
 
-    def _mode(self, s: Series) -> str:
+    def _mode(self, s: Series, policy: Policy) -> str:
         """``mode``, but an RL run's reward, the objective chosen when the policy names
         none, is maximised."""
-        return "max" if self.params.metric is None and is_reward(s.name) else self.params.mode
+        named = policy.metrics.get("reward")
+        rl = is_reward(s.name) if named is None else bool(named) and s.name == named
+        return "max" if self.params.metric is None and rl else self.params.mode
 
     # --------------------------------------------------------------------- the tests
 
@@ -395,9 +401,9 @@ class Plateau(Rule):
         return f
 
     def _converged(self, job: Job, s: Series, at: int, v: FloatArray, idx: np.ndarray,
-                   improvement: float, se: float, level: float) -> Finding:
+                   improvement: float, se: float, level: float, mode: str) -> Finding:
         p: PlateauParams = self.params
-        best_at = int(np.argmin(v)) if self._mode(s) == "min" else int(np.argmax(v))
+        best_at = int(np.argmin(v)) if mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
         if improvement < -p.min_rel_improvement * level:
