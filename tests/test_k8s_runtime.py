@@ -422,6 +422,17 @@ def test_no_state_store_is_a_configuration_error(
     assert "TRAINGUARD_STATE_CONFIGMAP" in caplog.text
 
 
+def test_a_mistyped_variable_stops_the_cronjob_before_any_tick(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``TRAINGUARD_STOP_MODES=delete`` read as nothing would suspend where the operator
+    asked for deletes: the CronJob exits with a configuration error naming it."""
+    monkeypatch.setenv("TRAINGUARD_STOP_MODES", "delete")
+    assert main(["--now", str(NOW)]) == BAD_CONFIG
+    assert "TRAINGUARD_STOP_MODES: not a setting the CronJob reads (did you mean " \
+           "TRAINGUARD_STOP_MODE?)" in caplog.text
+
+
 def test_a_bad_policy_is_a_configuration_error_naming_the_file(
         env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     Path(env["POLICY"]).write_text("safety: {max_stops_per_tick: -1}\n")

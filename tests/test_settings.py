@@ -111,6 +111,57 @@ def test_a_bad_interval_is_named(runtime: str, value: str) -> None:
         SETTINGS[runtime].from_env({**BASE[runtime], "TRAINGUARD_INTERVAL_S": value})
 
 
+@pytest.mark.parametrize("runtime", sorted(SETTINGS))
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("TRAINGUARD_STOPTAG", "TRAINGUARD_STOP_TAG"),  # the tag guard, silently off
+    ("TRAINGUARD_STOP_ENABLE", "TRAINGUARD_STOP_ENABLED"),
+    ("TRAINGUARD_INTERVAL", "TRAINGUARD_INTERVAL_S"),
+])
+def test_a_variable_the_runtime_never_reads_is_refused_by_name(runtime: str, typo: str,
+                                                                meant: str) -> None:
+    """A mistyped setting is refused with the one it looks like, where the runtime reads
+    that one; the runtime does not start on half its settings."""
+    with pytest.raises(ConfigError) as e:
+        SETTINGS[runtime].from_env({**BASE[runtime], typo: "team=a"})
+    said = str(e.value)
+    assert said.startswith(f"{typo}: not a setting the ")
+    reads = set(FULL[runtime].to_env())  # every setting it has, written
+    assert (f"(did you mean {meant}?)" in said) is (meant in reads), said
+
+
+@pytest.mark.parametrize("runtime", sorted(SETTINGS))
+def test_another_runtimes_setting_is_refused_and_another_parts_is_let_be(runtime: str) -> None:
+    """``TRAINGUARD_STOP_MODE`` is the CronJob's: on the Lambda or the Function it would do
+    nothing, so it is refused there. The emitter's and the tests' variables
+    (``TRAINGUARD_SINKS``, ``TRAINGUARD_RUNS``) belong to other processes: let be."""
+    other = {"aws": "TRAINGUARD_STOP_MODE", "azure": "TRAINGUARD_TOPIC_ARN",
+             "k8s": "TRAINGUARD_TOPIC_ARN"}[runtime]
+    with pytest.raises(ConfigError, match=f"^{other}: not a setting the "):
+        SETTINGS[runtime].from_env({**BASE[runtime], other: "x"})
+    let_be = {**BASE[runtime], "TRAINGUARD_SINKS": "prometheus", "TRAINGUARD_RUNS": "/r"}
+    assert SETTINGS[runtime].from_env(let_be) == SETTINGS[runtime].from_env(BASE[runtime])
+
+
+def test_every_trainguard_variable_in_the_code_is_a_runtimes_or_another_parts() -> None:
+    """A new ``TRAINGUARD_`` variable must be a runtime's setting or be listed as another
+    part's (``NOT_RUNTIME``): else every runtime would refuse an environment holding it."""
+    import re
+
+    from trainguard.config.settings.base import NOT_RUNTIME
+
+    root = Path(__file__).resolve().parent.parent
+    named: set[str] = set()
+    for folder in ("checker", "adapters", "config", "lambdas", "stacks", "trainguard"):
+        for path in (root / folder).rglob("*.py"):
+            named |= set(re.findall(r"\bTRAINGUARD_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    read = set().union(*({k for k in FULL[r].to_env()} for r in FULL))
+    prefixes = (aws.SAGEMAKER_ENV_PREFIX,)
+    stray = sorted(n for n in named - read - NOT_RUNTIME
+                   if not n.startswith(prefixes) and SETTINGS["k8s"].unknown({n: ""})
+                   and SETTINGS["azure"].unknown({n: ""}) and aws.Settings.unknown({n: ""}))
+    assert stray == []
+
+
 # ------------------------------------------------------------------- round trips
 
 FULL: dict[str, Any] = {

@@ -14,6 +14,7 @@ from trainguard.config.settings.base import (
     number_text,
     positive_float,
     positive_int,
+    refuse_unknown,
     text,
     unknown,
 )
@@ -53,6 +54,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
+        refuse_unknown(env, KNOWN, "the Lambda", (SAGEMAKER_ENV_PREFIX,))
         table = text(env, STATE_TABLE_ENV)
         if table is None:
             raise ConfigError(f"{STATE_TABLE_ENV} is not set (the DynamoDB state table)")

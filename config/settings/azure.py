@@ -14,6 +14,7 @@ from trainguard.config.settings.base import (
     flag,
     number_text,
     positive_float,
+    refuse_unknown,
     text,
     unknown,
 )
@@ -60,6 +61,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
+        refuse_unknown(env, {PREFIX + n for n in NAMES.values()}, "the Function")
+
         def get(name: str) -> str | None:
             return text(env, PREFIX + name)
 

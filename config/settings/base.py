@@ -8,6 +8,7 @@ setting is named once, here, for both sides.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 
 from trainguard.config.problems import ConfigError
@@ -72,8 +73,39 @@ def number_text(value: float) -> str:
     return f"{value:g}" if float(value).is_integer() and abs(value) < 1e15 else repr(value)
 
 
+#: ``TRAINGUARD_`` names that belong to trainguard's other parts, never to a runtime: the
+#: training side's emitter (``trainguard.emit``, the launch helpers), the stack builder and
+#: the tests. A runtime lets them be; any other name it does not read is refused.
+NOT_RUNTIME = frozenset({
+    "TRAINGUARD_SINKS", "TRAINGUARD_METRICS_PORT", "TRAINGUARD_PUSHGATEWAY",
+    "TRAINGUARD_JOB_NAME", "TRAINGUARD_EMIT_INTERVAL",  # the training process's emitter
+    "TRAINGUARD_WHEEL_CACHE", "TRAINGUARD_ENVIRONMENTS",  # the stack builder
+    "TRAINGUARD_RUNS", "TRAINGUARD_CURVES", "TRAINGUARD_UPDATE_GOLDEN",  # the tests
+    "TRAINGUARD_ALLOWED_SKIPS",
+})
+
+
 def unknown(env: Mapping[str, str], known: set[str], prefixes: tuple[str, ...] = ()) -> set[str]:
     """The ``TRAINGUARD_`` names in ``env`` that are neither ``known`` nor under one of
-    ``prefixes``: a renamed or mistyped setting that the runtime would never read."""
+    ``prefixes`` (nor another part's, ``NOT_RUNTIME``): a renamed or mistyped setting
+    that the runtime would never read."""
     return {k for k in env if k.startswith(PREFIX) and k not in known
-            and not k.startswith(prefixes or ("\0",))}
+            and k not in NOT_RUNTIME and not k.startswith(prefixes or ("\0",))}
+
+
+def refuse_unknown(env: Mapping[str, str], known: set[str], who: str,
+                   prefixes: tuple[str, ...] = ()) -> None:
+    """A ``ConfigError`` naming each ``TRAINGUARD_`` variable ``who`` would never read,
+    with the setting it most looks like: the stop tag set under a mistyped name must not
+    mean "any job may be stopped" silently."""
+    extra = sorted(unknown(env, known, prefixes))
+    if not extra:
+        return
+    said = []
+    tails = sorted(k[len(PREFIX):] for k in known)  # compared without the common prefix
+    for name in extra:
+        close = difflib.get_close_matches(name[len(PREFIX):], tails, n=1, cutoff=0.75)
+        said.append(f"{name}: not a setting {who} reads"
+                    + (f" (did you mean {PREFIX}{close[0]}?)" if close else ""))
+    raise ConfigError("; ".join(said) + f"; it reads {', '.join(sorted(known))}"
+                      + "".join(f", {p}*" for p in prefixes))

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config.problems import ConfigError
-from trainguard.config.settings.base import PREFIX, bool_text, number_text, parse_bool, unknown
+from trainguard.config.settings.base import (
+    PREFIX,
+    bool_text,
+    number_text,
+    parse_bool,
+    refuse_unknown,
+    unknown,
+)
 
 CONFIG_ENV = f"{PREFIX}CONFIG"  # the options file, when not given with --config
 STOP_MODES = ("suspend", "delete")
@@ -128,13 +135,16 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """The options the environment gives (blank is unset)."""
+        """The options the environment gives (blank is unset); a ``TRAINGUARD_`` variable
+        the CronJob never reads is refused."""
+        refuse_unknown(env, _KNOWN, "the CronJob")
         return cls(**_from_env(env))
 
     @classmethod
     def load(cls, env: Mapping[str, str], config: str | None = None) -> Settings:
         """Options from the config file (``config`` or ``TRAINGUARD_CONFIG``), then the
         environment over it."""
+        refuse_unknown(env, _KNOWN, "the CronJob")
         values: dict[str, Any] = {}
         path = config or env.get(CONFIG_ENV)
         if path:
@@ -156,7 +166,10 @@ class Settings:
     @staticmethod
     def unknown(env: Mapping[str, str]) -> set[str]:
         """``TRAINGUARD_`` variables in ``env`` the CronJob never reads."""
-        return unknown(env, {env_name(k) for k in OPTIONS} | {CONFIG_ENV})
+        return unknown(env, _KNOWN)
+
+
+_KNOWN = {env_name(k) for k in OPTIONS} | {CONFIG_ENV}
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
