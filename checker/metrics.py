@@ -98,12 +98,15 @@ def get(job: Job, name: str, policy: Policy) -> Series | None:
     return s if s is not None and len(s) else None
 
 
-def loss_like(job: Job) -> list[Series]:
-    """Every series whose name says it is a loss: the ones NaN and blow-ups matter in.
-    Only those are read (by name), so a follower re-runs a rule asking for them when a
-    loss grows, not when any series does (``checker.follow``)."""
+def loss_like(job: Job, held_out: bool | None = None) -> list[Series]:
+    """Every series whose name says it is a loss (held-out or training ones only, with
+    ``held_out``): the ones NaN and blow-ups matter in. Only those are read (by name), so
+    a follower re-runs a rule asking for them when such a loss grows, not when any series
+    does (``checker.follow``): a rule after the held-out loss is not re-run at every
+    training record."""
     series = job.series
-    return [series[k] for k in sorted(series) if "loss" in k.lower() and len(series[k])]
+    return [series[k] for k in sorted(series) if "loss" in k.lower()
+            and (held_out is None or is_eval(k) == held_out) and len(series[k])]
 
 
 def primary(job: Job, policy: Policy, state: dict[str, Any] | None = None) -> Series | None:
@@ -146,7 +149,7 @@ def objective(job: Job, held_out: bool, state: dict[str, Any] | None = None) -> 
     records new since its last tick are added (summed afresh at every tick, a replay of
     a GAN's run costs the square of its length).
     """
-    side = [s for s in loss_like(job) if is_eval(s.name) == held_out]
+    side = loss_like(job, held_out)
     if not side:
         return None
     noise = _TRAIN_NOISE | (EVAL_WORDS if held_out else frozenset())
