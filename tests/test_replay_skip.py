@@ -62,7 +62,8 @@ def _built(clock: str = "elapsed", ordered_logs: bool = True, hosts: bool = Fals
     job = Job(id="built", clock=clock, state=JobState.FAILED,  # type: ignore[arg-type]
               start_time=0.0, end_time=float(t[-1]), restart_times=[3_000.0, 15_000.0],
               restarts=2, instance_type="ml.p4d.24xlarge", gpus_per_instance=8)
-    job.series = {"loss": Series("loss", t, step, loss),
+    job.series = {"step": Series("step", t, step, step),
+                  "loss": Series("loss", t, step, loss),
                   "val_loss": Series("val_loss", t[val], step[val], loss[val] + 0.2)}
     lines = [LogLine(float(x), f"step {i} loss {loss[i]:.3f}") for i, x in enumerate(t[::25])]
     lines.insert(40, LogLine(float(t[1_000]), "torch.OutOfMemoryError: CUDA out of memory"))

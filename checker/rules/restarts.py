@@ -38,9 +38,11 @@ class Restarts(Rule):
         if not times and job.restarts < p.warn_after:
             return []
         stuck = self._restarts_without_progress(job, times) if times else job.restarts
-        if stuck == 0 and ctx.state is not None:
+        step = job.series.get("step")
+        if stuck == 0 and ctx.state is not None and step is not None and len(step):
             # progress since the last restart: no record can undo it, only another restart
-            # (a change of the job a follower sees) can change this verdict
+            # (a change of the job a follower sees) can change this verdict (counted on the
+            # ``step`` series: without it, which series counts steps may change)
             ctx.state[STABLE] = {}
         if stuck < p.warn_after:
             return []
