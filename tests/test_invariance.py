@@ -10,42 +10,18 @@ classes) is a fact in nats, and x 1e3 is no longer it.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainguard.adapters.local import load_run, parse_metric_option
+from tests.corpora import load, rows
 from trainguard.checker.model import Job, Series
 from trainguard.config import default_policy
 from trainguard.replay import replay
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-RUNS = Path(os.environ.get("TRAINGUARD_RUNS", DATA / "runs"))
-CURVES = Path(os.environ.get("TRAINGUARD_CURVES", DATA / "curves"))
-
 Verdict = list[tuple[str, str, str, int]]
-
-
-def _rows() -> list[tuple[Path, dict[str, str]]]:
-    out = []
-    for root, every in ((RUNS, 1), (CURVES, 20)):
-        if not (root / "labels.csv").is_file():
-            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the checkout)")
-        with open(root / "labels.csv", newline="") as fh:
-            out += [(root, r) for r in list(csv.DictReader(fh))[::every]]
-    return out
-
-
-def _load(root: Path, row: dict[str, str]) -> Job:
-    defs = ([parse_metric_option(m) for m in row["metrics"].split(";")]
-            if row.get("metrics") else None)
-    fmt = "hf" if row["format"] == "json" else row["format"] or None
-    return load_run(root / row["run"], defs, fmt=fmt, job_id=row["run"])
 
 
 _AS_LOGGED: dict[tuple[str, tuple[str, ...]], Verdict] = {}  # each run's, worked out once
@@ -108,8 +84,8 @@ def test_a_runs_verdict_does_not_hang_on_its_units(
         what: str, value: Callable[[str, np.ndarray], np.ndarray],
         step: Callable[[np.ndarray], np.ndarray], leave_out: tuple[str, ...]) -> None:
     differ, found = [], 0
-    for root, row in _rows():
-        job = _load(root, row)
+    for root, row in rows():
+        job = load(root, row)
         base = _as_logged(job, leave_out)
         found += len(base)
         if _verdict(_map(job, value, step), leave_out) != base:

@@ -8,22 +8,15 @@ end, a resume from a checkpoint, per-host series, and silences that only the clo
 
 from __future__ import annotations
 
-import csv
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from trainguard.adapters.local import load_run, parse_metric_option
+from tests.corpora import load, rows
 from trainguard.checker.model import Job, JobState, LogLine, Series
 from trainguard.config import default_policy
 from trainguard.replay import ReplayResult, first_record, logging_interval, replay
-
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-RUNS = Path(os.environ.get("TRAINGUARD_RUNS", DATA / "runs"))
-CURVES = Path(os.environ.get("TRAINGUARD_CURVES", DATA / "curves"))
 
 
 def _said(r: ReplayResult) -> list[Any]:
@@ -107,26 +100,13 @@ def test_the_default_schedule_and_its_timing_back_are_unchanged() -> None:
     assert _said(fast) == _said(slow) and fast.timed_back
 
 
-def _rows() -> list[tuple[Path, dict[str, str]]]:
-    out = []
-    for root, every in ((RUNS, 1), (CURVES, 20)):
-        if not (root / "labels.csv").is_file():
-            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the checkout)")
-        with open(root / "labels.csv", newline="") as fh:
-            out += [(root, r) for r in list(csv.DictReader(fh))[::every]]
-    return out
-
-
 def test_skipping_changes_nothing_on_the_real_corpora() -> None:
     """Every run of ``runs`` and every twentieth of ``curves``, at one tick per logging
     interval (given, so fires stay at their ticks; at most 5,000 ticks a run: judging
     every tick of the longest run takes a minute) and on the default schedule."""
     compared = skipped = 0
-    for root, row in _rows():
-        defs = ([parse_metric_option(m) for m in row["metrics"].split(";")]
-                if row.get("metrics") else None)
-        fmt = "hf" if row["format"] == "json" else row["format"] or None
-        job = load_run(root / row["run"], defs, fmt=fmt, job_id=row["run"])
+    for root, row in rows():
+        job = load(root, row)
         every, first, last = logging_interval(job), first_record(job), job.last_time()
         if every and first is not None and last is not None:
             every = max(every, (last - first) / 5_000)
