@@ -4,6 +4,7 @@ million records replayed at one tick per record in under 20 s).
     .venv/bin/python bench/replay_scale.py                    # the bar: 1,000,000 records
     .venv/bin/python bench/replay_scale.py --sizes 125000 250000 500000 1000000
     .venv/bin/python bench/replay_scale.py --clock elapsed    # records a second apart
+    .venv/bin/python bench/replay_scale.py --no-skip          # every tick judged
 
 Builds a run (a training loss at every record, a validation loss every 100: the shape of a
 long Lightning CSVLogger file, on a step clock unless ``--clock`` says otherwise) and
@@ -70,7 +71,7 @@ def _rss_mb() -> float:
 
 
 def one(records: int, fault: bool, clock: str, per_record: bool,
-        without: tuple[str, ...] = ()) -> dict[str, object]:
+        without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
     """One replay, in this process: what it took and what it found."""
     job, policy = build(records, fault, clock), default_policy()
     rules = [r for r in build_rules(policy) if r.name not in without]
@@ -80,13 +81,13 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
     followers = Followers()
     began_cpu, began = time.process_time(), time.perf_counter()
     result = replay(job, policy, 1.0 if per_record else None, rules=rules,
-                    followers=followers)
+                    followers=followers, skip=skip)
     took, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     crit = result.first_critical
     return {
         "records": records, "run": "late fault" if fault else "healthy", "clock": clock,
         "schedule": "one tick per record" if per_record else "default schedule",
-        "without": list(without),
+        "without": list(without), "skip": skip, "judged": result.judged,
         "ticks": result.ticks, "seconds": took, "cpu_seconds": cpu,
         "us_per_tick": took / max(result.ticks, 1) * 1e6,
         "rule_runs": followers.runs, "rule_calls": followers.calls,
@@ -98,12 +99,13 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
 
 
 def measure(records: int, fault: bool, clock: str, per_record: bool,
-            without: tuple[str, ...] = ()) -> dict[str, object]:
+            without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
     """``one`` in a fresh process, so that its peak memory is its own."""
     out = subprocess.run(
         [sys.executable, __file__, "--one", str(records), "--clock", clock]
         + (["--fault"] if fault else []) + ([] if per_record else ["--default-only"])
-        + [a for name in without for a in ("--without", name)],
+        + [a for name in without for a in ("--without", name)]
+        + ([] if skip else ["--no-skip"]),
         check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout))
 
@@ -116,7 +118,9 @@ def line(r: dict[str, object]) -> str:
             f"rules run {r['rule_runs']:,} of {r['rule_calls']:,}; "
             f"found {', '.join(r['findings']) or 'nothing'}"  # type: ignore[arg-type]
             + (f"; first critical: {r['first_critical']}" if r["first_critical"] else "")
-            + (f"  [without {', '.join(r['without'])}]" if r["without"] else ""))  # type: ignore[arg-type]
+            + (f"  [without {', '.join(r['without'])}]" if r["without"] else "")  # type: ignore[arg-type]
+            + ("" if r["skip"] else "  [every tick judged]")
+            + (f"  [{r['judged']:,} ticks judged]" if r["skip"] else ""))
 
 
 def main() -> None:
@@ -130,20 +134,26 @@ def main() -> None:
                     "(every logging interval, at most 1,000 ticks, fires timed back)")
     ap.add_argument("--without", action="append", default=[], metavar="RULE",
                     help="leave a rule of the default policy out (repeatable): what it costs")
+    ap.add_argument("--no-skip", action="store_true",
+                    help="judge every tick (replay(skip=False)): the replay before it skipped "
+                    "the ticks at which no rule has anything new to read")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--default-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only, tuple(a.without))))
+        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only, tuple(a.without),
+                             not a.no_skip)))
         return
     for n in a.sizes:
         for fault in (False, True):
             without = tuple(a.without)
             if a.schedule in ("record", "both"):
-                print(line(measure(n, fault, a.clock, True, without)), flush=True)
+                print(line(measure(n, fault, a.clock, True, without, not a.no_skip)),
+                      flush=True)
             if a.schedule in ("default", "both"):
-                print(line(measure(n, fault, a.clock, False, without)), flush=True)
+                print(line(measure(n, fault, a.clock, False, without, not a.no_skip)),
+                      flush=True)
 
 
 if __name__ == "__main__":
