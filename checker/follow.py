@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from trainguard.checker.model import Finding, Job, LogLine, Series
+from trainguard.checker.model import Finding, FloatArray, Job, LogLine, Series
 from trainguard.checker.rules.base import Context
 
 if TYPE_CHECKING:
@@ -75,6 +75,15 @@ class Band(NamedTuple):
     lo: float
     hi: float
     nonfinite: bool = False
+
+
+def outside(v: FloatArray, lo: float, hi: float, nonfinite: bool) -> np.ndarray:
+    """Per record, whether it leaves the band ``[lo, hi]`` (NaN and inf do not, with
+    ``nonfinite``)."""
+    out = ~((v >= lo) & (v <= hi))
+    if nonfinite:
+        out &= np.isfinite(v)
+    return out
 
 
 class _Reads:
@@ -291,13 +300,8 @@ class Follower:
                 x = v.item(n0)
                 if not (lo <= x <= hi or (nonfinite and not math.isfinite(x))):
                     return False
-            elif n > n0:
-                new = v[n0:n]
-                ok = (new >= lo) & (new <= hi)
-                if nonfinite:
-                    ok |= ~np.isfinite(new)
-                if not ok.all():
-                    return False
+            elif n > n0 and outside(v[n0:n], lo, hi, nonfinite).any():
+                return False
             banded[k] = n
         return not self.empty or not any(k in series and len(series[k]) for k in self.empty)
 

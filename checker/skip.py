@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainguard.checker.follow import outside
 from trainguard.checker.model import FloatArray, Job
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class Span:
         # a line's time is passed
         self.log_times = np.sort(np.fromiter((line.time for line in job.logs), np.float64,
                                              len(job.logs)))
+        # of the last ``quiet_until``: per follower and banded series, the records now
+        # known to lie in the band (``skip`` notes them checked, without a second pass)
+        self.checked: list[tuple[Follower, str, int]] = []
 
     def tick_of(self, t: float) -> int:
         """The first tick at or after ``t``."""
@@ -77,6 +81,7 @@ def quiet_until(followers: Followers, rules: list[Rule], span: Span, i: int,
     job, times = span.job, span.times
     now = float(times[i])
     end = min(len(times), i + limit)
+    span.checked = []
     if end <= i + 2 or job.hosts:  # (a follower does not note reads of per-host series)
         return i + 1
     edge = int(span.edges.searchsorted(now, "left"))
@@ -142,34 +147,24 @@ def _word_holds_until(f: Follower, span: Span, i: int, end: int) -> int:
         # the records it gains by the tick before ``first``, each checked once
         n0, n1 = f.banded[k], span.count(k, float(times[first - 1]))
         if n1 > n0:
-            bad = np.flatnonzero(_outside(span.job.series[k].value[n0:n1], lo, hi, nonfinite))
+            bad = np.flatnonzero(outside(span.job.series[k].value[n0:n1], lo, hi, nonfinite))
             if len(bad):
-                first = min(first, span.reaches(k, n0 + int(bad[0]) + 1))
+                n1 = n0 + int(bad[0])
+                first = min(first, span.reaches(k, n1 + 1))
+            span.checked.append((f, k, n1))
     return max(i + 1, first)
 
 
 def skip(followers: Followers, rules: list[Rule], span: Span, i: int, to: int) -> None:
     """The followers as they would stand after answering ticks ``i + 1`` to ``to`` as
     they answered tick ``i`` (``quiet_until`` said they would): each saw tick ``to``,
-    and the records it checked against its band are noted checked."""
+    and the records ``quiet_until`` found in their bands are noted checked."""
     job = span.job
     now = float(span.times[to])
     for rule in rules:
         f = followers.by[(job.id, rule.name)]
         f.calls += to - i
         f.seen_at = now
-        for k, (_, lo, hi, nonfinite) in f.bands:
-            n0, n1 = f.banded[k], span.count(k, now)
-            # (one out of its band: it was answered as before for another reason)
-            if n1 > n0 and not _outside(job.series[k].value[n0:n1], lo, hi, nonfinite).any():
-                f.banded[k] = n1
+    for f, k, known in span.checked:
+        f.banded[k] = max(f.banded[k], min(known, span.count(k, now)))
     followers.saw(job, rules, now)
-
-
-def _outside(v: FloatArray, lo: float, hi: float, nonfinite: bool) -> np.ndarray:
-    """Per record, whether it leaves the band ``[lo, hi]`` (NaN and inf inside it with
-    ``nonfinite``), as ``Follower._still`` judges it."""
-    out = ~((v >= lo) & (v <= hi))
-    if nonfinite:
-        out &= np.isfinite(v)
-    return out

@@ -27,7 +27,7 @@ def _said(r: ReplayResult) -> list[Any]:
             for h in r.histories]
     final = [(f.key, f.severity, f.message, repr(f.evidence), f.burnt_usd, f.action)
              for f in r.final]
-    return [hist, final, r.ticks]
+    return [hist, final, r.ticks, r.rule_runs]  # as many rule runs: none skipped
 
 
 def _both(job: Job, tick: float | None) -> tuple[ReplayResult, ReplayResult]:

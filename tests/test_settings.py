@@ -147,18 +147,12 @@ def test_every_trainguard_variable_in_the_code_is_a_runtimes_or_another_parts() 
     part's (``NOT_RUNTIME``): else every runtime would refuse an environment holding it."""
     import re
 
-    from trainguard.config.settings.base import NOT_RUNTIME
-
     root = Path(__file__).resolve().parent.parent
     named: set[str] = set()
     for folder in ("checker", "adapters", "config", "lambdas", "stacks", "trainguard"):
         for path in (root / folder).rglob("*.py"):
             named |= set(re.findall(r"\bTRAINGUARD_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
-    read = set().union(*({k for k in FULL[r].to_env()} for r in FULL))
-    prefixes = (aws.SAGEMAKER_ENV_PREFIX,)
-    stray = sorted(n for n in named - read - NOT_RUNTIME
-                   if not n.startswith(prefixes) and SETTINGS["k8s"].unknown({n: ""})
-                   and SETTINGS["azure"].unknown({n: ""}) and aws.Settings.unknown({n: ""}))
+    stray = sorted(n for n in named if all(S.unknown({n: ""}) for S in SETTINGS.values()))
     assert stray == []
 
 

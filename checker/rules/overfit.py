@@ -45,7 +45,6 @@ class OverfitParams:
     points: int = param(3, "... for this many consecutive evaluations")
 
 
-
 class _Held(Track):
     """The held-out loss as far as it has been read: its levels (median of three finite
     evaluations), their running best, how many levels in a row at the end stand at

@@ -61,7 +61,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        refuse_unknown(env, {PREFIX + n for n in NAMES.values()}, "the Function")
+        refuse_unknown(env, _KNOWN, "the Function")
 
         def get(name: str) -> str | None:
             return text(env, PREFIX + name)
@@ -110,4 +110,7 @@ class Settings:
     @staticmethod
     def unknown(env: Mapping[str, str]) -> set[str]:
         """``TRAINGUARD_`` app settings in ``env`` the Function never reads."""
-        return unknown(env, {PREFIX + n for n in NAMES.values()})
+        return unknown(env, _KNOWN)
+
+
+_KNOWN = {PREFIX + n for n in NAMES.values()}
