@@ -17,6 +17,7 @@ import pytest
 
 from trainguard.checker import Job, Policy, Series, Severity, evaluate
 from trainguard.checker.stats import normal_quantile, t_quantile
+from trainguard.replay import replay
 
 T0 = 1_750_000_000.0
 
@@ -291,6 +292,39 @@ def test_a_run_that_never_improved_is_not_learning() -> None:
     loss = 4.0 + np.random.default_rng(5).normal(0, 0.003, 400)
     (f,) = judged(job_of({"loss": (steps, loss)}), "plateau")
     assert f.severity is Severity.WARNING and "not learning" in f.message
+
+
+def resumed_run(first: float, last: float, *, learning: bool = True) -> Job:
+    """A run logged every 50 steps from ``first`` to ``last``, as the log of a run resumed
+    from a checkpoint holds it: a healthy power-law tail, or a loss stuck at its level."""
+    steps = np.arange(first, last, 50.0)
+    level = 2.0 + 8.0 * (1.0 + steps / 100.0) ** -0.5 if learning else np.full(len(steps), 2.36)
+    loss = level * np.exp(np.random.default_rng(6).normal(0, 0.02, len(steps)))
+    return job_of({"loss": (steps, loss), "step": (steps, steps)})
+
+
+def test_a_log_that_begins_far_into_training_is_never_called_not_learning() -> None:
+    """A healthy run resumed at step 50,000 improves 0.2 % over its first 2,500 logged
+    steps, inside its 2 % noise: judged as if those steps were the whole run, it was "not
+    learning" at step 52,550. Its records never cover half its steps, so at every tick of
+    a replay it is at most converged (while it levels off between its noise), saying where
+    its records begin."""
+    job = resumed_run(50_000, 100_000)
+    res = replay(job, Policy())
+    (h,) = [h for h in res.histories if h.rule == "plateau"]
+    assert h.worst is Severity.INFO
+    f = h.finding
+    assert f.evidence["kind"] == "converged"
+    assert "records begin at step 50000" in f.message and "learnt and" not in f.message
+
+
+def test_a_stuck_run_resumed_is_not_learning_once_its_log_covers_half_its_steps() -> None:
+    """The same resumed log stuck at its level: converged at most while its records hold
+    less than half the run's steps; not learning once they hold more."""
+    early = judged(resumed_run(50_000, 90_000, learning=False), "plateau")
+    assert [f.evidence["kind"] for f in early] == ["converged"]
+    (late,) = judged(resumed_run(50_000, 110_000, learning=False), "plateau")
+    assert late.severity is Severity.WARNING and "not learning" in late.message
 
 
 # --------------------------------------------------------------------------- 8. overfit

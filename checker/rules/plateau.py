@@ -23,7 +23,11 @@ single noisy values a fixed number of checks apart. This rule:
   moving targets;
 - tells *not learning* (the whole run never improved meaningfully: warning) from
   *converged* (it learnt, and improvement per unit of time is now negligible: info,
-  with what stopping now would save; whether to stop is the policy's choice).
+  with what stopping now would save; whether to stop is the policy's to choose);
+- says *not learning* only of a run whose records hold most of its steps: one whose
+  log begins far into training (a Lightning version folder or a text log after a
+  resume) shows the slow tail of its learning, where a healthy run improves a fraction
+  of a percent per thousand steps; at most it has *converged*.
 
 A metric that has gone below zero (a GAN critic's Wasserstein loss) has no floor to
 measure improvement against and is not judged.
@@ -112,6 +116,10 @@ class PlateauParams:
     rejudge_parts: int = param(
         64, "beyond max_points, the verdict is renewed each time the objective grows by a "
         "block of at most 1/this of its records")
+    seen_fraction: float = param(
+        0.5, "'not learning' is said only of a run whose records cover at least this "
+        "fraction of its steps: a log that begins at step 50,000 (a run resumed from a "
+        "checkpoint) holds the slow tail of its learning, not its start")
 
 
 @register
@@ -190,9 +198,13 @@ class Plateau(Rule):
             return []
         lo = self._window_start(job, x)
         win = self._flat(x[lo:], v[lo:], sign)
+        late = self._begins_late(s, x)
         if win is None or not win[0]:
-            return self._never(job, ctx, s, v, idx, sign)
+            return [] if late else self._never(job, ctx, s, v, idx, sign)
         _, improvement, se, level = win
+        if late:
+            return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level,
+                                    mode, begins=float(x[0]))]
         whole = self._flat(x, v, sign, learnt=True)
         if whole is not None and whole[0] and not self._training_learnt(job, ctx, s):
             _, run_improvement, _, _ = whole
@@ -245,6 +257,12 @@ class Plateau(Rule):
         confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
         margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
         return improvement + margin < p.min_rel_improvement * level, improvement, se, level
+
+    def _begins_late(self, s: Series, x: FloatArray) -> bool:
+        """Whether the judged points lie on a step axis and begin so far into training that
+        they cover less than ``seen_fraction`` of the run's steps: its start is not in them."""
+        on_steps = bool(len(s.step)) and bool(np.isfinite(s.step).all()) and x[-1] == s.step[-1]
+        return on_steps and x[0] > 0 and x[-1] - x[0] < self.params.seen_fraction * x[-1]
 
     def _never(self, job: Job, ctx: Context, s: Series, v: FloatArray, idx: np.ndarray,
                sign: float) -> list[Finding]:
@@ -401,7 +419,8 @@ class Plateau(Rule):
         return f
 
     def _converged(self, job: Job, s: Series, at: int, v: FloatArray, idx: np.ndarray,
-                   improvement: float, se: float, level: float, mode: str) -> Finding:
+                   improvement: float, se: float, level: float, mode: str,
+                   begins: float | None = None) -> Finding:
         p: PlateauParams = self.params
         best_at = int(np.argmin(v)) if mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
@@ -411,6 +430,10 @@ class Plateau(Rule):
             where = f" at step {best_step:g}" if best_step is not None else ""
             msg = (f"{s.name} learnt and is now getting worse ({improvement / level:+.2%} over "
                    f"the last stretch; best {best:.4g}{where}): past its best, converged")
+        elif begins is not None:
+            msg = (f"{s.name} has levelled off near {level:.4g} ({improvement / level:+.2%} "
+                   f"over the last stretch); its records begin at step {begins:g}, so what it "
+                   f"learnt before is not known: converged")
         else:
             msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
                    f"({improvement / level:+.2%} over the last stretch): converged")
