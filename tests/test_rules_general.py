@@ -427,6 +427,39 @@ def test_a_loss_near_zero_bouncing_many_fold_has_not_diverged() -> None:
     assert [f for f in found if f.severity is Severity.CRITICAL] == []
 
 
+
+def zero_most_of_the_time(kind: str) -> Job:
+    """A loss that is exactly 0.0 most of the time late in training: a triplet loss with
+    every margin met on most batches, or a Hugging Face log (losses rounded to 4
+    decimals) of a fine-tune that fits its data to below 5e-5."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(10.0, 20_000.0, 10.0)
+    if kind == "triplet":
+        share = np.clip(0.6 * np.exp(-steps / 3_000), 0.02, 1)
+        loss = np.where(rng.random(len(steps)) < share, rng.exponential(0.2, len(steps)), 0.0)
+    else:
+        loss = np.round((1e-5 + 1.5 * np.exp(-steps / 200)) * np.exp(
+            rng.normal(0, 0.5, len(steps))), 4)
+    return job_of({"loss": (steps, loss), "step": (steps, steps)})
+
+
+@pytest.mark.parametrize("kind", ["triplet", "rounded"])
+def test_a_loss_that_is_mostly_exactly_zero_raises_nothing_at_any_tick(kind: str) -> None:
+    """A block of points mostly 0.0 has no scale: against it, a triplet loss's 0.3 was
+    "blown up" and five in a row critical (a stop), and a rounded log's 0.0001 a spike."""
+    res = replay(zero_most_of_the_time(kind), Policy())
+    assert [(h.rule, h.worst) for h in res.histories if h.worst.rank >= Severity.WARNING.rank
+            ] == []
+
+
+def test_a_loss_at_zero_that_goes_nan_or_explodes_is_still_critical() -> None:
+    job = zero_most_of_the_time("rounded")
+    loss = job.series["loss"]
+    for bad in (np.nan, 1e13):  # beyond abs_limit: a blow-up whatever came before
+        loss.value[-10:] = bad
+        (f,) = judged(job, "divergence")
+        assert f.severity is Severity.CRITICAL
+
 def test_plateau_says_a_held_out_loss_past_its_best_is_not_a_run_that_never_learnt() -> None:
     (f,) = judged(overfit_run(val_end=0.55), "plateau")
     assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"

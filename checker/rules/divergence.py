@@ -13,6 +13,10 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
   first value) counts only once it has stayed far above where the run started; an
   objective that goes below zero (a GAN critic, an RL return) is not judged this way,
   and components of an adversarial objective are judged as their sum;
+- finds, in a run that had learnt, a loss that moved 1.5-fold above its best, far
+  beyond its noise, and stays there without coming back down for half as many steps
+  as the run had taken (``divergence_shift``): a language model collapsing to its
+  unigram entropy is 2-fold, neither 5-fold nor back where it started;
 - calls a finite blow-up in a term of the objective (a VAE's KL term waking up, an MoE's
   balancing loss stepping up), while the objective is fine, a warning naming the term;
 - calls non-finite values in evaluation losses only (validation NaN/inf while the
@@ -39,6 +43,7 @@ from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule
+from trainguard.checker.rules.divergence_shift import Shifted
 from trainguard.checker.rules.divergence_state import (
     Before,
     Blowup,
@@ -152,7 +157,12 @@ class Divergence(Rule):
         level = float(np.median(c.head))
         first, wide = c.wide
         evidence = {"best_level": c.best, "level": level, "ratio": level / c.best}
-        if level >= p.regress_factor * c.best or not np.isfinite(first - wide):
+        if isinstance(c, Shifted):
+            what = (f"rose to {level / c.best:.1f}x its best level ({c.best:.4g}; it had "
+                    f"learnt from {first:.4g}) and has not come back down in {c.length} "
+                    f"points")
+            evidence.update(first_level=first, shift=True)
+        elif level >= p.regress_factor * c.best or not np.isfinite(first - wide):
             what = (f"climbed to over {p.regress_factor:g}x its best level ({c.best:.4g}) "
                     f"for {c.length} points in a row")
         else:  # the undo test

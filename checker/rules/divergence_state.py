@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from trainguard.checker.follow import Band
+from trainguard.checker.metrics import is_eval
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
+from trainguard.checker.rules.divergence_shift import Climb, Shifts
 from trainguard.checker.seen import SMALL, Track
 from trainguard.checker.stats import rolling_median3
 
@@ -59,12 +61,27 @@ class DivergenceParams:
         "times the point scatter (from first differences: the median over blocks of 16 "
         "points of their median step): the best of a noisy loss is a lucky dip, and its "
         "points reach back up often")
+    shift_factor: float = param(
+        1.5, "the training objective this many times its best level (9-point medians), "
+        "for a run that had learnt (first level at least undo_learnt x its best)...")
+    shift_noise: float = param(
+        8.0, "... and this many times the point scatter above it...")
+    shift_points: int = param(
+        8, "... for twice this many points in a row and shift_fraction of the steps the run "
+        "had taken when it began, without coming back down (its latest shift_points not "
+        "below its first by half their height above the best) is a divergence: a loss "
+        "that moved to a higher level and stays (a language model collapsing to its "
+        "unigram entropy), where a warm restart, a curriculum stage or a spike comes back")
+    shift_fraction: float = param(
+        0.5, "... (see shift_points): a real healthy fine-tune's loss stood 2.7-fold above "
+        "its best for 27 % of the steps it had taken before it came back")
 
 
 def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArray]:
     """Level and scale of blocks ``b0 .. b1 - 1`` (``_BLOCK`` points each): the block's
-    median, and the larger of its magnitude and its spread. Medians ignore single
-    outliers; a block with NaN in it (a diverging job) is judged on its finite points."""
+    median, and the larger of its magnitude and its spread (infinite where both are 0).
+    Medians ignore single outliers; a block with NaN in it (a diverging job) is judged on
+    its finite points."""
     blocks = values[b0 * _BLOCK: b1 * _BLOCK].reshape(b1 - b0, _BLOCK)
     finite = np.isfinite(blocks)
     if not finite.all():
@@ -77,7 +94,12 @@ def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArra
         if len(finite):
             med[i] = np.median(finite)
             mad[i] = np.median(np.abs(finite - med[i]))
-    return med, np.maximum(np.abs(med), 3 * 1.4826 * mad)
+    scale = np.maximum(np.abs(med), 3 * 1.4826 * mad)
+    # Most of a block exactly zero (a hinge or triplet loss with every margin met, a loss
+    # logged to 4 decimals that rounds to 0.0) has no scale: a point is not "20 scales"
+    # away from it for being 0.0001 or 0.3. Such a block judges no finite point.
+    scale[scale == 0] = np.inf
+    return med, scale
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -289,23 +311,6 @@ class _RunningMedian:
         self.value = -self.low[0]
 
 
-@dataclass
-class Climb:
-    """A stretch of consecutive finite points of the objective far above its best."""
-
-    start: int  # its first point, counted among the finite points
-    at: int  # the record of its first point
-    best: float  # the best level before it
-    head: list[float]  # its first regress_points values: the level that made it fire
-    wide: tuple[float, float]  # the first and the best levels of 9 points before it
-    length: int = 0
-    back: int | None = None  # the record of the finite point that ended it
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-
 class Climbs(Track):
     """The test for a divergence without NaN, kept from tick to tick: the finite points
     read, the running best level (the lowest median of three), the first level, and the
@@ -326,13 +331,22 @@ class Climbs(Track):
         self.open: Climb | None = None
         self.pending: list[Climb] = []  # long enough, ended less than recover_points ago
         self.settled: Climb | None = None  # the last one settled: the run came back from it
+        self.shifts = Shifts()  # the shift test's stretches (``divergence_shift``)
+        # A held-out loss that rises and stays is overfitting as often as divergence: the
+        # shift test is for a training objective (the ratio and undo tests are for both).
+        self.shifting = True
+        self.steps: FloatArray = np.empty(0)  # the objective's steps, while it is read
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
+        self.steps = s.step
+        self.shifting = not is_eval(s.name)
         self.read_new(s, lambda i, x: self._point(i, x, p),
                       lambda n0, new: self._parts(new, n0, p))
+        self.steps = np.empty(0)
         while self.pending and self.nf - self.pending[0].end >= p.recover_points:
             self.settled = self.pending.pop(0)
+        self.shifts.settle(self.nf, p.recover_points)
 
     def _point(self, at: int, x: float, p: DivergenceParams) -> None:
         """The next finite point, record ``at``: the best is that of the levels wholly
@@ -344,6 +358,12 @@ class Climbs(Track):
             and self.first_wide - wide >= p.undo_noise * self.noise.value
             and x >= wide + p.undo_fraction * (self.first_wide - wide))
         self._stretch(high, at, x, best, p)
+        shifted = (self.shifting and self.first_wide >= p.undo_learnt * wide
+                   and x >= p.shift_factor * wide
+                   and x - wide >= p.shift_noise * self.noise.value)
+        self.shifts.feed(np.array([shifted]), self.nf, np.array([at]), np.array([x]),
+                         np.array([wide]), self.first_wide, self.steps[[at]],
+                         p.shift_points, p.shift_fraction)
         self.low = min(self.low, x)
         window = self.last_wide
         window.append(x)
@@ -420,6 +440,10 @@ class Climbs(Track):
                 (first_wide >= p.undo_learnt * wide)
                 & (first_wide - wide >= p.undo_noise * noise)
                 & (v >= wide + p.undo_fraction * (first_wide - wide)))
+            shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
+                       & (v - wide >= p.shift_noise * noise) & self.shifting)
+        self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, self.steps[at],
+                         p.shift_points, p.shift_fraction)
         if self.open is not None and not high[0]:
             self._close(self.open, int(at[0]), p)
         for start, length in _runs(high):
@@ -476,23 +500,30 @@ class Climbs(Track):
             return None
         if self.low <= 0:  # never judged again
             return Band(math.inf, -math.inf, math.inf, True)
-        if self.open is not None:  # only a finite point can end or lengthen it
-            return Band(math.inf, math.inf, -math.inf, True)
-        left = self.pending[0].end + p.recover_points - self.nf if self.pending else math.inf
+        if self.open is not None or self.shifts.open is not None:
+            return Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
+        pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
+        left = min(pending) + p.recover_points - self.nf if pending else math.inf
         # the best levels can only fall, and not below the lowest point: each test's
-        # threshold is lowest at that bound
+        # threshold is lowest at that bound (the shift test's needs a run that had learnt)
         m = min(floor, self.low)
         ratio = max(p.regress_factor * m, m + p.regress_lost * (self.first - m))
         undo = m + p.undo_fraction * (self.first_wide - m)
-        return Band(self.n + left, floor, min(ratio, undo) * (1 - _EPS), True)
+        shift = (p.shift_factor * m if self.shifting and self.first_wide >= p.undo_learnt * m
+                 else math.inf)
+        return Band(self.n + left, floor, min(ratio, undo, shift) * (1 - _EPS), True)
 
     def verdict(self, p: DivergenceParams) -> Climb | None:
         """The stretch to report: the first going on or ended within recover_points, else
         the last one the run came back from, else None."""
         if self.nf < 3 + p.regress_points or self.low <= 0:
             return None  # too short, or no floor to measure a ratio against
-        if self.pending:
-            return self.pending[0]
+        going = self.pending[:1] + self.shifts.pending[:1]
         if self.open is not None and self.open.length >= p.regress_points:
-            return self.open
-        return self.settled
+            going.append(self.open)
+        if (shift := self.shifts.open) is not None and shift.ready:
+            going.append(shift)
+        if going:
+            return min(going, key=lambda c: c.at)
+        done = [c for c in (self.settled, self.shifts.settled) if c is not None]
+        return max(done, key=lambda c: c.at) if done else None

@@ -1,0 +1,132 @@
+"""The ``divergence`` rule's test for a loss that moved to a higher level and stays there
+without coming back down: a language model collapsing from 3.3 to its unigram entropy
+(7.5 nats) or doubling, well short of the ratio test's 5 x its best and of the undo
+test's 80 % back to where it started, which a run that learnt a lot (first level at
+least ``undo_learnt`` x its best) does not do while healthy.
+
+A point is *shifted* when it stands ``shift_factor`` x the best level of 9 points before
+it and ``shift_noise`` x the point scatter above that level (a noisy loss's lucky best is
+no level). A stretch of shifted points is a divergence once it has lasted twice
+``shift_points`` points and ``shift_fraction`` of the steps the run had taken when it
+began, and the median of its latest ``shift_points`` is not below its first
+``shift_points``' by half their height above the best: a warm restart of the learning
+rate (SGDR), a curriculum stage or a spike comes back down, a collapsed or climbing loss
+does not. How long a healthy hump lasts is the risk: a real fine-tune's loss rose 2.7-fold
+for 27 % of the steps it had taken, then came back to its best (``runs`` corpus, labelled
+healthy); half the run is the wait, about twice that. A stretch's values are kept until
+it is a divergence or ends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainguard.checker.model import FloatArray
+
+
+@dataclass
+class Climb:
+    """A stretch of consecutive finite points of the objective far above its best."""
+
+    start: int  # its first point, counted among the finite points
+    at: int  # the record of its first point
+    best: float  # the best level before it
+    head: list[float]  # the values that made it a divergence: its level is their median
+    wide: tuple[float, float]  # the first and the best levels of 9 points before it
+    length: int = 0
+    back: int | None = None  # the record of the finite point that ended it
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+
+@dataclass
+class Shifted(Climb):
+    """A stretch of shifted points, with its values and where it began."""
+
+    where: float = math.nan  # its first point's step (NaN: none; then points count)
+    values: list[float] = field(default_factory=list)
+    ready_at: int | None = None  # the record at which it became a divergence
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_at is not None
+
+
+class Shifts:
+    """The stretches of shifted points of one objective, fed by ``Climbs`` point by point
+    or a chunk at a time (the same result either way)."""
+
+    def __init__(self) -> None:
+        self.open: Shifted | None = None
+        self.pending: list[Shifted] = []  # ready, ended less than recover_points ago
+        self.settled: Shifted | None = None  # the last one the run came back from
+
+    def feed(self, high: np.ndarray, nf0: int, at: np.ndarray, v: FloatArray,
+             wide: FloatArray, first_wide: float, where: FloatArray,
+             points: int, fraction: float) -> None:
+        """The next finite points ``v`` (the first is finite point ``nf0``, records ``at``,
+        steps ``where``), ``high`` where shifted, ``wide`` the best level before each."""
+        k, m = 0, len(v)
+        while k < m:
+            if not high[k]:
+                if self.open is not None:
+                    self._close(int(at[k]))
+                nxt = np.flatnonzero(high[k:])
+                if not len(nxt):
+                    return
+                k += int(nxt[0])
+            c = self.open
+            if c is None:
+                c = self.open = Shifted(nf0 + k, int(at[k]), float(wide[k]), [],
+                                        (first_wide, float(wide[k])), where=float(where[k]))
+            low = np.flatnonzero(~high[k:])
+            e = m if not len(low) else k + int(low[0])
+            self._grow(c, at[k:e], v[k:e], where[k:e], points, fraction)
+            k = e
+
+    def _grow(self, c: Shifted, at: np.ndarray, v: FloatArray, where: FloatArray,
+              points: int, fraction: float) -> None:
+        n0 = c.length
+        c.length += len(v)
+        if c.ready:
+            return
+        c.values += v.tolist()
+        if c.length < 2 * points:  # its first and its latest points apart: a trend
+            return
+        base = max(n0, 2 * points - 1) - points + 1  # the first window ending at a new point
+        tail = np.asarray(c.values[base:])
+        latest = np.median(np.lib.stride_tricks.sliding_window_view(tail, points), axis=1)
+        j = np.arange(base + points - 1, c.length)  # the stretch index each window ends at
+        first = float(np.median(c.values[:points]))
+        w = where[j - n0]
+        with np.errstate(invalid="ignore"):  # a point without a step: points stand for steps
+            long = np.where(np.isfinite(w) & math.isfinite(c.where),
+                            w - c.where >= fraction * c.where, j + 1 >= fraction * c.start)
+        ok = np.flatnonzero(long & (latest >= first - 0.5 * (first - c.best)))
+        if len(ok):
+            end = int(j[ok[0]])
+            c.ready_at = int(at[end - n0])
+            c.head = c.values[end - points + 1: end + 1]
+            c.values = []
+
+    def _close(self, back: int) -> None:
+        c = self.open
+        assert c is not None
+        c.back = back
+        if c.ready:
+            self.pending.append(c)
+        c.values = []
+        self.open = None
+
+    def settle(self, nf: int, recover: int) -> None:
+        while self.pending and nf - self.pending[0].end >= recover:
+            self.settled = self.pending.pop(0)
