@@ -504,6 +504,11 @@ class Climbs(Track):
             return Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
         pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
         left = min(pending) + p.recover_points - self.nf if pending else math.inf
+        if self.shifting:
+            # The shift test's threshold, shift_factor x a best level that may fall to the
+            # floor, would sit below the lowest point with a floor at half of it: a floor
+            # at low / sqrt(shift_factor) keeps the band about the lowest point.
+            floor = max(floor, self.low / math.sqrt(p.shift_factor))
         # the best levels can only fall, and not below the lowest point: each test's
         # threshold is lowest at that bound (the shift test's needs a run that had learnt)
         m = min(floor, self.low)
