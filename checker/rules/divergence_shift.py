@@ -43,10 +43,6 @@ class Climb:
     def end(self) -> int:
         return self.start + self.length
 
-    @property
-    def ready(self) -> bool:
-        return True
-
 
 @dataclass
 class Shifted(Climb):
