@@ -7,7 +7,8 @@ watchdog would see them (the default policy, ticks on the default schedule).
 The corpora hold modded-nanogpt speed-runs, one GAN and small runs of public projects;
 the maintainers judge on runs of other recipes. These are the shapes those runs have and
 the corpora do not: language-model pre-training under five learning-rate schedules and
-three logging cadences (with and without loss spikes that recover), warm restarts,
+three logging cadences (with and without loss spikes that recover, or a change of data
+mixture), warm restarts,
 diffusion losses, logs that begin far into a run (resumed), Hugging Face fine-tunes
 (losses rounded to 4 decimals), grokking, a normalising flow whose NLL goes below zero,
 a triplet loss that is mostly exactly zero, YOLO, PPO and word-level language models.
@@ -183,6 +184,16 @@ def moves_up(every: int, after: str) -> Curves:
     return {"loss": (s, y)}
 
 
+def mixture_change() -> Curves:
+    """A pre-training loss whose data mixture changes at step 20,000: it jumps 1.75-fold
+    and learns the new data slowly."""
+    s = np.arange(0, 45_000, 10)
+    y = 2.8 + 8.0 * (1 + s / 200) ** -0.6
+    late = s >= 20_000
+    y[late] = 4.9 + 0.8 * (1 + (s[late] - 20_000) / 2_000) ** -0.7
+    return {"loss": (s, y * np.exp(np.random.default_rng(3).normal(0, 0.01, len(s))))}
+
+
 def shapes() -> Iterator[tuple[str, str, Callable[[], Curves], float]]:
     """(name, label, curves, seconds per step)."""
     for kind in ("cosine", "wsd", "linear", "invsqrt", "onecycle"):
@@ -207,6 +218,7 @@ def shapes() -> Iterator[tuple[str, str, Callable[[], Curves], float]]:
                    partial(rounded, floor, seed), 1.0)
     for rise in (1.2, 1.5, 2.0, 3.0):
         yield f"warm-up lifting the loss x{rise}", "healthy", partial(warm_up, rise), 1.0
+    yield "pretraining, data mixture changed at 20,000", "healthy", mixture_change, 1.0
     yield "triplet loss, mostly exactly 0", "healthy", triplet, 1.0
     yield "grokking", "healthy", grokking, 1.0
     yield "normalising flow, NLL below 0", "healthy", flow, 1.0

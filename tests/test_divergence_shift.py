@@ -6,8 +6,8 @@ nor back where it started, ln 50257 = 10.8 (the undo test): before the shift tes
 was found only when its logging was sparse enough for the first level to be low, at one
 cadence in three. Each curve here is built; the healthy twins are the shapes that also
 stand far above a best for a long time and come back: warm restarts of the learning
-rate, a loss hump like a real fine-tune's, a warm-up on a pretrained model, a held-out
-loss that overfits.
+rate, a loss hump like a real fine-tune's, a warm-up on a pretrained model, a change of
+data mixture the run then learns, a held-out loss that overfits.
 """
 
 from __future__ import annotations
@@ -107,6 +107,17 @@ def warm_up(rise: float) -> Job:
     return job_of(steps, (1.2 - 0.4 * (1 - np.exp(-steps / 1_000))) * bump)
 
 
+def mixture_change() -> Job:
+    """A pre-training run whose data mixture changes at step 20,000 (a harder domain): the
+    loss jumps 1.75-fold, to 5.7, and learns the new data slowly, to 5.0 by the end."""
+    steps = np.arange(0, 45_000, 10)
+    rng = np.random.default_rng(3)
+    loss = 2.8 + 8.0 * (1 + steps / 200) ** -0.6
+    late = steps >= ONSET
+    loss[late] = 4.9 + 0.8 * (1 + (steps[late] - ONSET) / 2_000) ** -0.7
+    return job_of(steps, loss * np.exp(rng.normal(0, 0.01, len(steps))))
+
+
 def overfitting_held_out_loss() -> Job:
     """Only a validation loss, which learns from 4.0 to 1.0 and then climbs back to 2.2
     and stays, as a model that overfits does: no training loss to tell it apart."""
@@ -118,9 +129,9 @@ def overfitting_held_out_loss() -> Job:
 
 @pytest.mark.parametrize("job", [
     *[sgdr(j, per) for j in (0.6, 1.0) for per in (10, 20, 50)],
-    hump(), warm_up(2.0), warm_up(3.0), overfitting_held_out_loss(),
+    hump(), warm_up(2.0), warm_up(3.0), mixture_change(), overfitting_held_out_loss(),
 ], ids=[*[f"sgdr-to-{j}-every-{per}" for j in (0.6, 1.0) for per in (10, 20, 50)],
-        "hump", "warm-up-2x", "warm-up-3x", "held-out-overfits"])
+        "hump", "warm-up-2x", "warm-up-3x", "mixture-change", "held-out-overfits"])
 def test_what_comes_back_down_or_cannot_be_told_from_overfitting_is_not_stopped(
         job: Job) -> None:
     assert criticals(replay(job, Policy())) == []

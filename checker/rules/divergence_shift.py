@@ -9,12 +9,13 @@ it and ``shift_noise`` x the point scatter above that level (a noisy loss's luck
 no level). A stretch of shifted points is a divergence once it has lasted twice
 ``shift_points`` points and ``shift_fraction`` of the steps the run had taken when it
 began, and the median of its latest ``shift_points`` is not below its first
-``shift_points``' by half their height above the best: a warm restart of the learning
-rate (SGDR), a curriculum stage or a spike comes back down, a collapsed or climbing loss
-does not. How long a healthy hump lasts is the risk: a real fine-tune's loss rose 2.7-fold
-for 27 % of the steps it had taken, then came back to its best (``runs`` corpus, labelled
-healthy); half the run is the wait, about twice that. A stretch's values are kept until
-it is a divergence or ends.
+``shift_points``' by ``shift_back`` of their height above the best: a warm restart of
+the learning rate (SGDR), a spike, or a run learning new data after a change of its
+mixture comes back down, a collapsed or climbing loss does not. How long a healthy hump
+lasts is the risk: a real fine-tune's loss rose 2.7-fold for 27 % of the steps it had
+taken, then came back to its best (``runs`` corpus, labelled healthy); half the run is
+the wait, about twice that. A stretch's values are kept until it is a divergence or
+ends.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Shifts:
 
     def feed(self, high: np.ndarray, nf0: int, at: np.ndarray, v: FloatArray,
              wide: FloatArray, first_wide: float, where: FloatArray,
-             points: int, fraction: float) -> None:
+             points: int, fraction: float, back: float) -> None:
         """The next finite points ``v`` (the first is finite point ``nf0``, records ``at``,
         steps ``where``), ``high`` where shifted, ``wide`` the best level before each."""
         k, m = 0, len(v)
@@ -86,11 +87,11 @@ class Shifts:
                                         (first_wide, float(wide[k])), where=float(where[k]))
             low = np.flatnonzero(~high[k:])
             e = m if not len(low) else k + int(low[0])
-            self._grow(c, at[k:e], v[k:e], where[k:e], points, fraction)
+            self._grow(c, at[k:e], v[k:e], where[k:e], points, fraction, back)
             k = e
 
     def _grow(self, c: Shifted, at: np.ndarray, v: FloatArray, where: FloatArray,
-              points: int, fraction: float) -> None:
+              points: int, fraction: float, back: float) -> None:
         n0 = c.length
         c.length += len(v)
         if c.ready:
@@ -107,7 +108,7 @@ class Shifts:
         with np.errstate(invalid="ignore"):  # a point without a step: points stand for steps
             long = np.where(np.isfinite(w) & math.isfinite(c.where),
                             w - c.where >= fraction * c.where, j + 1 >= fraction * c.start)
-        ok = np.flatnonzero(long & (latest >= first - 0.5 * (first - c.best)))
+        ok = np.flatnonzero(long & (latest >= first - back * (first - c.best)))
         if len(ok):
             end = int(j[ok[0]])
             c.ready_at = int(at[end - n0])

@@ -69,9 +69,12 @@ class DivergenceParams:
     shift_points: int = param(
         8, "... for twice this many points in a row and shift_fraction of the steps the run "
         "had taken when it began, without coming back down (its latest shift_points not "
-        "below its first by half their height above the best) is a divergence: a loss "
+        "below its first by shift_back of their height above the best) is a divergence: a loss "
         "that moved to a higher level and stays (a language model collapsing to its "
         "unigram entropy), where a warm restart, a curriculum stage or a spike comes back")
+    shift_back: float = param(
+        0.1, "... (see shift_points): a loss that came back down by more is learning again, "
+        "as after a warm restart or a change of data")
     shift_fraction: float = param(
         0.5, "... (see shift_points): a real healthy fine-tune's loss stood 2.7-fold above "
         "its best for 27 % of the steps it had taken before it came back")
@@ -363,7 +366,7 @@ class Climbs(Track):
                    and x - wide >= p.shift_noise * self.noise.value)
         self.shifts.feed(np.array([shifted]), self.nf, np.array([at]), np.array([x]),
                          np.array([wide]), self.first_wide, self.steps[[at]],
-                         p.shift_points, p.shift_fraction)
+                         p.shift_points, p.shift_fraction, p.shift_back)
         self.low = min(self.low, x)
         window = self.last_wide
         window.append(x)
@@ -443,7 +446,7 @@ class Climbs(Track):
             shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
                        & (v - wide >= p.shift_noise * noise) & self.shifting)
         self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, self.steps[at],
-                         p.shift_points, p.shift_fraction)
+                         p.shift_points, p.shift_fraction, p.shift_back)
         if self.open is not None and not high[0]:
             self._close(self.open, int(at[0]), p)
         for start, length in _runs(high):
