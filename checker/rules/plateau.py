@@ -165,6 +165,7 @@ class Plateau(Rule):
         s = _reduce(per_epoch(job, raw, p.epoch_points), p.max_points)
         keep = np.isfinite(s.value)
         x = _axis(job, s, by_time=p.window_seconds is not None)
+        on_steps = x is s.step
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
         mode = self._mode(s, ctx.policy)
@@ -198,7 +199,7 @@ class Plateau(Rule):
             return []
         lo = self._window_start(job, x)
         win = self._flat(x[lo:], v[lo:], sign)
-        late = self._begins_late(s, x)
+        late = on_steps and self._begins_late(x)
         if win is None or not win[0]:
             return [] if late else self._never(job, ctx, s, v, idx, sign)
         _, improvement, se, level = win
@@ -258,11 +259,10 @@ class Plateau(Rule):
         margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
         return improvement + margin < p.min_rel_improvement * level, improvement, se, level
 
-    def _begins_late(self, s: Series, x: FloatArray) -> bool:
-        """Whether the judged points lie on a step axis and begin so far into training that
-        they cover less than ``seen_fraction`` of the run's steps: its start is not in them."""
-        on_steps = bool(len(s.step)) and bool(np.isfinite(s.step).all()) and x[-1] == s.step[-1]
-        return on_steps and x[0] > 0 and x[-1] - x[0] < self.params.seen_fraction * x[-1]
+    def _begins_late(self, steps: FloatArray) -> bool:
+        """Whether the judged points' steps begin so far into training that they cover
+        less than ``seen_fraction`` of the run's steps: its start is not in them."""
+        return bool(steps[0] > 0 and steps[-1] - steps[0] < self.params.seen_fraction * steps[-1])
 
     def _never(self, job: Job, ctx: Context, s: Series, v: FloatArray, idx: np.ndarray,
                sign: float) -> list[Finding]:
