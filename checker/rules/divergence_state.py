@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from trainguard.checker.follow import Band
-from trainguard.checker.metrics import is_eval
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
 from trainguard.checker.rules.divergence_shift import Climb, Shifts
@@ -335,15 +334,11 @@ class Climbs(Track):
         self.pending: list[Climb] = []  # long enough, ended less than recover_points ago
         self.settled: Climb | None = None  # the last one settled: the run came back from it
         self.shifts = Shifts()  # the shift test's stretches (``divergence_shift``)
-        # A held-out loss that rises and stays is overfitting as often as divergence: the
-        # shift test is for a training objective (the ratio and undo tests are for both).
-        self.shifting = True
         self.steps: FloatArray = np.empty(0)  # the objective's steps, while it is read
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
         self.steps = s.step
-        self.shifting = not is_eval(s.name)
         self.read_new(s, lambda i, x: self._point(i, x, p),
                       lambda n0, new: self._parts(new, n0, p))
         self.steps = np.empty(0)
@@ -361,8 +356,7 @@ class Climbs(Track):
             and self.first_wide - wide >= p.undo_noise * self.noise.value
             and x >= wide + p.undo_fraction * (self.first_wide - wide))
         self._stretch(high, at, x, best, p)
-        shifted = (self.shifting and self.first_wide >= p.undo_learnt * wide
-                   and x >= p.shift_factor * wide
+        shifted = (self.first_wide >= p.undo_learnt * wide and x >= p.shift_factor * wide
                    and x - wide >= p.shift_noise * self.noise.value)
         self.shifts.feed(np.array([shifted]), self.nf, np.array([at]), np.array([x]),
                          np.array([wide]), self.first_wide, self.steps[[at]],
@@ -444,7 +438,7 @@ class Climbs(Track):
                 & (first_wide - wide >= p.undo_noise * noise)
                 & (v >= wide + p.undo_fraction * (first_wide - wide)))
             shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
-                       & (v - wide >= p.shift_noise * noise) & self.shifting)
+                       & (v - wide >= p.shift_noise * noise))
         self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, self.steps[at],
                          p.shift_points, p.shift_fraction, p.shift_back)
         if self.open is not None and not high[0]:
@@ -507,18 +501,16 @@ class Climbs(Track):
             return Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
         pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
         left = min(pending) + p.recover_points - self.nf if pending else math.inf
-        if self.shifting:
-            # The shift test's threshold, shift_factor x a best level that may fall to the
-            # floor, would sit below the lowest point with a floor at half of it: a floor
-            # at low / sqrt(shift_factor) keeps the band about the lowest point.
-            floor = max(floor, self.low / math.sqrt(p.shift_factor))
+        # The shift test's threshold, shift_factor x a best level that may fall to the
+        # floor, would sit below the lowest point with a floor at half of it: a floor at
+        # low / sqrt(shift_factor) keeps the band about the lowest point.
+        floor = max(floor, self.low / math.sqrt(p.shift_factor))
         # the best levels can only fall, and not below the lowest point: each test's
         # threshold is lowest at that bound (the shift test's needs a run that had learnt)
         m = min(floor, self.low)
         ratio = max(p.regress_factor * m, m + p.regress_lost * (self.first - m))
         undo = m + p.undo_fraction * (self.first_wide - m)
-        shift = (p.shift_factor * m if self.shifting and self.first_wide >= p.undo_learnt * m
-                 else math.inf)
+        shift = p.shift_factor * m if self.first_wide >= p.undo_learnt * m else math.inf
         return Band(self.n + left, floor, min(ratio, undo, shift) * (1 - _EPS), True)
 
     def verdict(self, p: DivergenceParams) -> Climb | None:
