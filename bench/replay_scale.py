@@ -5,6 +5,7 @@ million records replayed at one tick per record in under 20 s).
     .venv/bin/python bench/replay_scale.py --sizes 125000 250000 500000 1000000
     .venv/bin/python bench/replay_scale.py --clock elapsed    # records a second apart
     .venv/bin/python bench/replay_scale.py --no-skip          # every tick judged
+    .venv/bin/python bench/replay_scale.py --collapse         # also a run that collapses
 
 Builds a run (a training loss at every record, a validation loss every 100: the shape of a
 long Lightning CSVLogger file, on a step clock unless ``--clock`` says otherwise) and
@@ -13,7 +14,10 @@ default schedule, ``--schedule default``):
 
 * ``healthy``: the loss falls as 1/(1 + step/1000) with noise, and levels off;
 * ``late fault``: the same run whose loss, at 95 % of it, climbs tenfold over 200 records
-  and then turns NaN (a divergence the replay must call critical, at its record).
+  and then turns NaN (a divergence the replay must call critical, at its record);
+* ``collapse`` (with ``--collapse``): the same run whose loss doubles half-way and stays
+  doubled (``divergence``'s shift test: a stretch watched for half the run, then a
+  divergence going on for the rest).
 
 Each replay runs in its own process, so that its peak memory (the process's maximum
 resident set) is its own; the line also gives the memory of the run's own arrays and of
@@ -47,11 +51,14 @@ FAULT_AT = 0.95  # where the late fault starts, as a share of the run
 CLIMB = 200  # records the loss climbs before it turns NaN
 
 
-def build(records: int, fault: bool, clock: str = "step", seed: int = 0) -> Job:
+def build(records: int, fault: bool, clock: str = "step", seed: int = 0,
+          collapse: bool = False) -> Job:
     """The run: ``records`` training-loss records, a validation loss every VAL_EVERY."""
     rng = np.random.default_rng(seed)
     step = np.arange(records, dtype=np.float64)
     loss = 2 + 8 / (1 + step / 1000) + 0.05 * rng.standard_normal(records)
+    if collapse:
+        loss[records // 2:] *= 2
     if fault:
         at = int(FAULT_AT * records)
         climb = np.minimum(np.arange(records - at, dtype=np.float64) / CLIMB, 1.0)
@@ -71,9 +78,10 @@ def _rss_mb() -> float:
 
 
 def one(records: int, fault: bool, clock: str, per_record: bool,
-        without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
+        without: tuple[str, ...] = (), skip: bool = True,
+        collapse: bool = False) -> dict[str, object]:
     """One replay, in this process: what it took and what it found."""
-    job, policy = build(records, fault, clock), default_policy()
+    job, policy = build(records, fault, clock, collapse=collapse), default_policy()
     rules = [r for r in build_rules(policy) if r.name not in without]
     arrays_mb = sum(s.time.nbytes + s.step.nbytes + s.value.nbytes
                     for s in job.series.values()) / 2**20
@@ -85,7 +93,8 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
     took, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     crit = result.first_critical
     return {
-        "records": records, "run": "late fault" if fault else "healthy", "clock": clock,
+        "records": records, "clock": clock,
+        "run": "late fault" if fault else "collapse" if collapse else "healthy",
         "schedule": "one tick per record" if per_record else "default schedule",
         "without": list(without), "skip": skip, "judged": result.judged,
         "ticks": result.ticks, "seconds": took, "cpu_seconds": cpu,
@@ -99,11 +108,13 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
 
 
 def measure(records: int, fault: bool, clock: str, per_record: bool,
-            without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
+            without: tuple[str, ...] = (), skip: bool = True,
+            collapse: bool = False) -> dict[str, object]:
     """``one`` in a fresh process, so that its peak memory is its own."""
     out = subprocess.run(
         [sys.executable, __file__, "--one", str(records), "--clock", clock]
-        + (["--fault"] if fault else []) + ([] if per_record else ["--default-only"])
+        + (["--fault"] if fault else []) + (["--collapse"] if collapse else [])
+        + ([] if per_record else ["--default-only"])
         + [a for name in without for a in ("--without", name)]
         + ([] if skip else ["--no-skip"]),
         check=True, capture_output=True, text=True)
@@ -137,23 +148,26 @@ def main() -> None:
     ap.add_argument("--no-skip", action="store_true",
                     help="judge every tick (replay(skip=False)): the replay before it skipped "
                     "the ticks at which no rule has anything new to read")
+    ap.add_argument("--collapse", action="store_true",
+                    help="also replay the run whose loss doubles half-way and stays")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--default-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only, tuple(a.without),
-                             not a.no_skip)))
+                             not a.no_skip, a.collapse)))
         return
+    runs = [(False, False), (True, False)] + ([(False, True)] if a.collapse else [])
     for n in a.sizes:
-        for fault in (False, True):
+        for fault, collapse in runs:
             without = tuple(a.without)
             if a.schedule in ("record", "both"):
-                print(line(measure(n, fault, a.clock, True, without, not a.no_skip)),
-                      flush=True)
+                print(line(measure(n, fault, a.clock, True, without, not a.no_skip,
+                                   collapse)), flush=True)
             if a.schedule in ("default", "both"):
-                print(line(measure(n, fault, a.clock, False, without, not a.no_skip)),
-                      flush=True)
+                print(line(measure(n, fault, a.clock, False, without, not a.no_skip,
+                                   collapse)), flush=True)
 
 
 if __name__ == "__main__":

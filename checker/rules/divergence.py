@@ -159,8 +159,8 @@ class Divergence(Rule):
         evidence = {"best_level": c.best, "level": level, "ratio": level / c.best}
         if isinstance(c, Shifted):
             what = (f"rose to {level / c.best:.1f}x its best level ({c.best:.4g}; it had "
-                    f"learnt from {first:.4g}) and has not come back down in {c.length} "
-                    f"points")
+                    f"learnt from {first:.4g}) and had not come back down after "
+                    f"{c.ready_length} points")
             evidence.update(first_level=first, shift=True)
         elif level >= p.regress_factor * c.best or not np.isfinite(first - wide):
             what = (f"climbed to over {p.regress_factor:g}x its best level ({c.best:.4g}) "

@@ -7,15 +7,16 @@ least ``undo_learnt`` x its best) does not do while healthy.
 A point is *shifted* when it stands ``shift_factor`` x the best level of 9 points before
 it and ``shift_noise`` x the point scatter above that level (a noisy loss's lucky best is
 no level). A stretch of shifted points is a divergence once it has lasted twice
-``shift_points`` points and ``shift_fraction`` of the steps the run had taken when it
-began, and the median of its latest ``shift_points`` is not below its first
-``shift_points``' by ``shift_back`` of their height above the best: a warm restart of
-the learning rate (SGDR), a spike, or a run learning new data after a change of its
-mixture comes back down, a collapsed or climbing loss does not. How long a healthy hump
-lasts is the risk: a real fine-tune's loss rose 2.7-fold for 27 % of the steps it had
-taken, then came back to its best (``runs`` corpus, labelled healthy); half the run is
-the wait, about twice that. A stretch's values are kept until it is a divergence or
-ends.
+``shift_points`` points and ``shift_fraction`` of the points the run had logged and of
+the steps it had taken when it began, and the median of its latest ``shift_points`` is
+not below its first ``shift_points``' by ``shift_back`` of their height above the best:
+a warm restart of the learning rate (SGDR), a spike, or a run learning new data after a
+change of its mixture comes back down, a collapsed or climbing loss does not. How long a
+healthy hump lasts is the risk: a real fine-tune's loss rose 2.7-fold for 27 % of the
+steps it had taken, then came back to its best (``runs`` corpus, labelled healthy); half
+the run is the wait, about twice that. Counted in points as well as steps, the wait is
+known in records, so a replay need not call the rule at each point of a stretch too
+short yet. A stretch's values are kept until it is a divergence or ends.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Shifted(Climb):
     where: float = math.nan  # its first point's step (NaN: none; then points count)
     values: list[float] = field(default_factory=list)
     ready_at: int | None = None  # the record at which it became a divergence
+    ready_length: int = 0  # its length then: what its finding says, however long it goes on
 
     @property
     def ready(self) -> bool:
@@ -105,15 +107,21 @@ class Shifts:
         j = np.arange(base + points - 1, c.length)  # the stretch index each window ends at
         first = float(np.median(c.values[:points]))
         w = where[j - n0]
-        with np.errstate(invalid="ignore"):  # a point without a step: points stand for steps
-            long = np.where(np.isfinite(w) & math.isfinite(c.where),
-                            w - c.where >= fraction * c.where, j + 1 >= fraction * c.start)
+        # as many points as the run had logged, and where there are steps, as many steps
+        long = j + 1 >= self.length_needed(c, points, fraction)
+        with np.errstate(invalid="ignore"):
+            long &= ~(np.isfinite(w) & math.isfinite(c.where)) | (w - c.where >= fraction * c.where)
         ok = np.flatnonzero(long & (latest >= first - back * (first - c.best)))
         if len(ok):
             end = int(j[ok[0]])
-            c.ready_at = int(at[end - n0])
+            c.ready_at, c.ready_length = int(at[end - n0]), end + 1
             c.head = c.values[end - points + 1: end + 1]
             c.values = []
+
+    @staticmethod
+    def length_needed(c: Shifted, points: int, fraction: float) -> int:
+        """The fewest points a stretch needs to be a divergence."""
+        return max(2 * points, math.ceil(fraction * c.start))
 
     def _close(self, back: int) -> None:
         c = self.open

@@ -26,6 +26,7 @@ from trainguard.checker.stats import rolling_median3
 _BLOCK = 16  # points per block for the rolling reference level
 _EPS = 1e-9  # bands are drawn this much inside their bounds: rounding cannot cross one
 _WIDE = 9  # points in the levels of the undo test: noise moves a median of 9 little
+_HORIZON = 32  # blocks a band over a shift stretch may span
 Before = dict[int, tuple[float | str | None, float | str | None]]
 
 
@@ -66,11 +67,12 @@ class DivergenceParams:
     shift_noise: float = param(
         8.0, "... and this many times the point scatter above it...")
     shift_points: int = param(
-        8, "... for twice this many points in a row and shift_fraction of the steps the run "
-        "had taken when it began, without coming back down (its latest shift_points not "
-        "below its first by shift_back of their height above the best) is a divergence: a loss "
-        "that moved to a higher level and stays (a language model collapsing to its "
-        "unigram entropy), where a warm restart, a curriculum stage or a spike comes back")
+        8, "... for twice this many points in a row and shift_fraction of the points the "
+        "run had logged and of the steps it had taken when it began, without coming back "
+        "down (its latest shift_points not below its first by shift_back of their height "
+        "above the best) is a divergence: a loss that moved to a higher level and stays (a "
+        "language model collapsing to its unigram entropy), where a warm restart, a "
+        "change of data or a spike comes back")
     shift_back: float = param(
         0.1, "... (see shift_points): a loss that came back down by more is learning again, "
         "as after a warm restart or a change of data")
@@ -312,6 +314,15 @@ class _RunningMedian:
             heapq.heappush(self.low, -heapq.heappop(self.high))
         self.value = -self.low[0]
 
+    def upper(self, k: int) -> float:
+        """The highest the median can be after ``k`` more values, whatever they are."""
+        if not self.low:
+            return math.inf
+        at = (len(self.low) + len(self.high) + k + 1) // 2 - 1 - len(self.low)
+        if at < 0:
+            return self.value
+        return heapq.nsmallest(at + 1, self.high)[-1] if at < len(self.high) else math.inf
+
 
 class Climbs(Track):
     """The test for a divergence without NaN, kept from tick to tick: the finite points
@@ -497,10 +508,17 @@ class Climbs(Track):
             return None
         if self.low <= 0:  # never judged again
             return Band(math.inf, -math.inf, math.inf, True)
-        if self.open is not None or self.shifts.open is not None:
+        going = self.shifts.open
+        short = (0 if going is None or going.ready else
+                 self.shifts.length_needed(going, p.shift_points, p.shift_fraction)
+                 - going.length)
+        if self.open is not None or short < 0 or (going is not None and not going.ready
+                                                  and short == 0):
             return Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
         pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
         left = min(pending) + p.recover_points - self.nf if pending else math.inf
+        if going is not None:  # a divergence going on, or a stretch too short to be one
+            return self._shifted_band(min(left, short or math.inf), p)
         # The shift test's threshold, shift_factor x a best level that may fall to the
         # floor, would sit below the lowest point with a floor at half of it: a floor at
         # low / sqrt(shift_factor) keeps the band about the lowest point.
@@ -512,6 +530,21 @@ class Climbs(Track):
         undo = m + p.undo_fraction * (self.first_wide - m)
         shift = p.shift_factor * m if self.first_wide >= p.undo_learnt * m else math.inf
         return Band(self.n + left, floor, min(ratio, undo, shift) * (1 - _EPS), True)
+
+    def _shifted_band(self, left: float, p: DivergenceParams) -> Band:
+        """While a shift stretch goes on (a divergence, or too short yet to be one): the
+        points that keep it going and open no other stretch, for ``left`` more points at
+        most and while at most ``_HORIZON`` blocks of 16 renew the point scatter (its
+        median can rise only so far in that many). Such points cannot lower the best
+        levels, nor the scatter disarm the other tests (assumed armed)."""
+        k = _HORIZON if math.isfinite(self.noise.upper(_HORIZON)) else 1
+        wide, best = self.best_wide, self.best
+        lo = max(p.shift_factor * wide, wide + p.shift_noise * self.noise.upper(k))
+        hi = max(p.regress_factor * best, best + p.regress_lost * max(self.first - best, 0.0))
+        if self.first_wide >= p.undo_learnt * wide:
+            hi = min(hi, wide + p.undo_fraction * (self.first_wide - wide))
+        until = self.n + min(left, k * _BLOCK - len(self.block))
+        return Band(until, lo * (1 + _EPS), hi * (1 - _EPS), True)
 
     def verdict(self, p: DivergenceParams) -> Climb | None:
         """The stretch to report: the first going on or ended within recover_points, else
