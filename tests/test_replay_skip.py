@@ -8,13 +8,17 @@ end, a resume from a checkpoint, per-host series, and silences that only the clo
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.corpora import load, rows
-from trainguard.checker.model import Job, JobState, LogLine, Series
+from trainguard.checker.follow import STABLE, Band
+from trainguard.checker.model import Finding, Job, JobState, LogLine, Series, Severity
+from trainguard.checker.rules.base import Context, Rule
 from trainguard.config import default_policy
 from trainguard.replay import ReplayResult, first_record, logging_interval, replay
 
@@ -116,3 +120,41 @@ def test_skipping_changes_nothing_on_the_real_corpora() -> None:
             compared += 1
             skipped += fast.ticks - fast.judged
     assert compared > 100 and skipped > 0
+
+
+class _Counting(Rule):
+    """A rule whose message counts its own runs (its state), and whose findings it says
+    stand while the series ``a`` (read) and ``b`` (never read) stay within [0, 1]: a
+    replay must run it at the same ticks whether it skips quiet ticks or not."""
+
+    name = "counting"
+
+    @dataclass
+    class Params:
+        pass
+
+    def detect(self, job: Job, ctx: Context) -> list[Finding]:
+        assert ctx.state is not None
+        ctx.state["runs"] = ctx.state.get("runs", 0) + 1
+        a = job.series["a"]
+        ctx.state[STABLE] = {"a": Band(math.inf, 0.0, 1.0), "b": Band(math.inf, 0.0, 1.0)}
+        return [Finding(job.id, self.name, Severity.WARNING, f"run {ctx.state['runs']}",
+                        started_at=float(a.time[0]), evidence={"kind": "count"})]
+
+
+def test_a_band_on_a_series_the_rule_does_not_read_is_kept_alike() -> None:
+    """The skipping's band bookkeeping for a rule that bands a series it does not read
+    (no rule of the default policy does): the same runs, at the same ticks, both ways."""
+    t = np.arange(0.0, 2_000.0, 10.0)
+    a = np.full(len(t), 0.5)
+    a[120] = 3.0  # one record of ``a`` out of its band
+    b = np.full(len(t), 0.5)
+    b[60:70] = 2.0  # ten records of ``b`` out of its band
+    job = Job(id="banded", clock="elapsed", start_time=0.0,
+              series={"a": Series("a", t, t, a), "b": Series("b", t, t, b)})
+    fast = replay(job, default_policy(), 10.0, rules=[_Counting()])
+    slow = replay(job, default_policy(), 10.0, rules=[_Counting()], skip=False)
+    assert _said(fast) == _said(slow)
+    assert fast.judged < fast.ticks
+    (h,) = fast.histories
+    assert h.finding.message != "run 1"  # it ran again when a band was left
