@@ -169,11 +169,11 @@ def word_lm() -> Curves:
                          + rng.normal(0, .01, 40))}
 
 
-def moves_up(every: int, after: str) -> Curves:
+def moves_up(every: int, after: str, n: int = 45_000) -> Curves:
     """A pre-training loss (from ln V = 10.8 to about 3.3) that at step 20,000 collapses
     to its unigram entropy (7.5), doubles, climbs by 3 over 3,000 steps, or rises to 4.2
     (1.3 x) and stays."""
-    s = np.arange(0, 45_000, every)
+    s = np.arange(0, n, every)
     rng = np.random.default_rng(0)
     y = (2.8 + 8.0 * (1 + s / 200) ** -0.6) * np.exp(rng.normal(0, 0.01, len(s)))
     late = s >= 20_000
@@ -182,6 +182,15 @@ def moves_up(every: int, after: str) -> Curves:
                "climbs": y[late] + 3.0 * np.clip((s[late] - 20_000) / 3_000, 0, 1),
                "rises 1.3x": np.maximum(y[late], 4.2)}[after]
     return {"loss": (s, y)}
+
+
+def hump() -> Curves:
+    """A fine-tune's loss that stands 2.7-fold above its best for a quarter of the steps
+    it has taken and comes back, as a real one in the ``runs`` corpus does (labelled
+    healthy): what the shift test's wait is set by."""
+    s = np.arange(50, 6_000, 50)
+    y = (900 + 10_000 * np.exp(-s / 300)) * (1 + 1.7 * np.exp(-(((s - 2_550) / 200) ** 2)))
+    return {"loss": (s, y * np.exp(np.random.default_rng(1).normal(0, 0.04, len(s))))}
 
 
 def mixture_change() -> Curves:
@@ -219,6 +228,7 @@ def shapes() -> Iterator[tuple[str, str, Callable[[], Curves], float]]:
     for rise in (1.2, 1.5, 2.0, 3.0):
         yield f"warm-up lifting the loss x{rise}", "healthy", partial(warm_up, rise), 1.0
     yield "pretraining, data mixture changed at 20,000", "healthy", mixture_change, 1.0
+    yield "fine-tune, a loss hump 2.7 x for a quarter of the run", "healthy", hump, 1.0
     yield "triplet loss, mostly exactly 0", "healthy", triplet, 1.0
     yield "grokking", "healthy", grokking, 1.0
     yield "normalising flow, NLL below 0", "healthy", flow, 1.0

@@ -51,15 +51,17 @@ FAULT_AT = 0.95  # where the late fault starts, as a share of the run
 CLIMB = 200  # records the loss climbs before it turns NaN
 
 
-def build(records: int, fault: bool, clock: str = "step", seed: int = 0,
-          collapse: bool = False) -> Job:
+KINDS = ("healthy", "late fault", "collapse")
+
+
+def build(records: int, kind: str, clock: str = "step", seed: int = 0) -> Job:
     """The run: ``records`` training-loss records, a validation loss every VAL_EVERY."""
     rng = np.random.default_rng(seed)
     step = np.arange(records, dtype=np.float64)
     loss = 2 + 8 / (1 + step / 1000) + 0.05 * rng.standard_normal(records)
-    if collapse:
+    if kind == "collapse":
         loss[records // 2:] *= 2
-    if fault:
+    if kind == "late fault":
         at = int(FAULT_AT * records)
         climb = np.minimum(np.arange(records - at, dtype=np.float64) / CLIMB, 1.0)
         loss[at:] *= 1 + 9 * climb
@@ -77,11 +79,10 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def one(records: int, fault: bool, clock: str, per_record: bool,
-        without: tuple[str, ...] = (), skip: bool = True,
-        collapse: bool = False) -> dict[str, object]:
+def one(records: int, kind: str, clock: str, per_record: bool,
+        without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
     """One replay, in this process: what it took and what it found."""
-    job, policy = build(records, fault, clock, collapse=collapse), default_policy()
+    job, policy = build(records, kind, clock), default_policy()
     rules = [r for r in build_rules(policy) if r.name not in without]
     arrays_mb = sum(s.time.nbytes + s.step.nbytes + s.value.nbytes
                     for s in job.series.values()) / 2**20
@@ -93,8 +94,7 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
     took, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     crit = result.first_critical
     return {
-        "records": records, "clock": clock,
-        "run": "late fault" if fault else "collapse" if collapse else "healthy",
+        "records": records, "run": kind, "clock": clock,
         "schedule": "one tick per record" if per_record else "default schedule",
         "without": list(without), "skip": skip, "judged": result.judged,
         "ticks": result.ticks, "seconds": took, "cpu_seconds": cpu,
@@ -107,13 +107,11 @@ def one(records: int, fault: bool, clock: str, per_record: bool,
     }
 
 
-def measure(records: int, fault: bool, clock: str, per_record: bool,
-            without: tuple[str, ...] = (), skip: bool = True,
-            collapse: bool = False) -> dict[str, object]:
+def measure(records: int, kind: str, clock: str, per_record: bool,
+            without: tuple[str, ...] = (), skip: bool = True) -> dict[str, object]:
     """``one`` in a fresh process, so that its peak memory is its own."""
     out = subprocess.run(
-        [sys.executable, __file__, "--one", str(records), "--clock", clock]
-        + (["--fault"] if fault else []) + (["--collapse"] if collapse else [])
+        [sys.executable, __file__, "--one", str(records), "--kind", kind, "--clock", clock]
         + ([] if per_record else ["--default-only"])
         + [a for name in without for a in ("--without", name)]
         + ([] if skip else ["--no-skip"]),
@@ -151,23 +149,22 @@ def main() -> None:
     ap.add_argument("--collapse", action="store_true",
                     help="also replay the run whose loss doubles half-way and stays")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--kind", choices=KINDS, default="healthy", help=argparse.SUPPRESS)
     ap.add_argument("--default-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.fault, a.clock, not a.default_only, tuple(a.without),
-                             not a.no_skip, a.collapse)))
+        print(json.dumps(one(a.one, a.kind, a.clock, not a.default_only, tuple(a.without),
+                             not a.no_skip)))
         return
-    runs = [(False, False), (True, False)] + ([(False, True)] if a.collapse else [])
     for n in a.sizes:
-        for fault, collapse in runs:
+        for kind in KINDS if a.collapse else KINDS[:2]:
             without = tuple(a.without)
             if a.schedule in ("record", "both"):
-                print(line(measure(n, fault, a.clock, True, without, not a.no_skip,
-                                   collapse)), flush=True)
+                print(line(measure(n, kind, a.clock, True, without, not a.no_skip)),
+                      flush=True)
             if a.schedule in ("default", "both"):
-                print(line(measure(n, fault, a.clock, False, without, not a.no_skip,
-                                   collapse)), flush=True)
+                print(line(measure(n, kind, a.clock, False, without, not a.no_skip)),
+                      flush=True)
 
 
 if __name__ == "__main__":

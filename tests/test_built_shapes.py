@@ -1,5 +1,5 @@
 """Every shape of ``bench/built_shapes.py`` meets its bar, replayed as the watchdog sees
-it: no critical finding at any tick on the 76 healthy curves of recipes the corpora lack
+it: no critical finding at any tick on the 77 healthy curves of recipes the corpora lack
 (language-model schedules and cadences, warm restarts, diffusion, resumed logs, 4-decimal
 logs, a triplet loss, ...), a critical divergence on the 9 diverged ones, a plateau
 warning and nothing critical on the stuck ones. The benchmark prints what each raised;
@@ -8,35 +8,21 @@ this holds the verdicts so that a rule change that breaks one shape fails here.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests import bench_scripts
 from trainguard.checker import Policy, Severity
 from trainguard.replay import replay
 
-
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "built_shapes.py"
-    spec = importlib.util.spec_from_file_location("built_shapes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["built_shapes"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _bench()
+BENCH = bench_scripts.load("built_shapes")
 SHAPES = list(BENCH.shapes())
 
 
 def test_the_shapes_are_many_and_of_every_label() -> None:
     labels = [label for _, label, _, _ in SHAPES]
-    assert (labels.count("healthy"), labels.count("diverged"), labels.count("stuck")) == (76, 9, 3)
+    assert (labels.count("healthy"), labels.count("diverged"), labels.count("stuck")) == (77, 9, 3)
 
 
 @pytest.mark.parametrize(("name", "label", "curves", "dt"), SHAPES,

@@ -214,13 +214,13 @@ def test_each_record_is_read_once_over_a_replay(monkeypatch: pytest.MonkeyPatch)
     calls = {"points": 0}
     real_point, real_many = divergence_state.Climbs._point, divergence_state.Climbs._many
 
-    def point(self: Any, at: int, x: float, p: Any) -> None:
+    def point(self: Any, at: int, x: float, *rest: Any) -> None:
         calls["points"] += 1
-        real_point(self, at, x, p)
+        real_point(self, at, x, *rest)
 
-    def many(self: Any, new: np.ndarray, n0: int, p: Any) -> None:
+    def many(self: Any, new: np.ndarray, *rest: Any) -> None:
         calls["points"] += len(new)
-        real_many(self, new, n0, p)
+        real_many(self, new, *rest)
 
     monkeypatch.setattr(divergence_state.Climbs, "_point", point)
     monkeypatch.setattr(divergence_state.Climbs, "_many", many)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests import bench_scripts
 from trainguard.checker.forecast import Prior, forecast, learn_prior
 from trainguard.checker.model import Job, Series, Severity
 from trainguard.checker.policy import Budget, Policy
@@ -175,20 +173,11 @@ def test_bad_params_are_refused() -> None:
         Target({"confidence": 1.0})
 
 
-def load_bench() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "forecast_eval.py"
-    spec = importlib.util.spec_from_file_location("forecast_eval", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_the_bar_on_real_modded_nanogpt_runs(curves_dir: Path) -> None:
-    table = {row["checkpoint"]: row for row in load_bench().evaluate_corpus(curves_dir)}
+    rows = bench_scripts.load("forecast_eval").evaluate_corpus(curves_dir)
+    table = {row["checkpoint"]: row for row in rows}
     for row in table.values():
         assert row["wrong_stops"] == 0, row
     half = table[0.5]

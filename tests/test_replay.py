@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.afresh import histories, judged_afresh
 from trainguard.checker.follow import Followers
 from trainguard.checker.model import Finding, Job, JobState, Series, Severity
 from trainguard.checker.policy import Cost, Policy
@@ -173,25 +174,6 @@ def test_a_given_tick_is_honoured_and_its_count_checked_before_any_judging() -> 
     assert result.ticks == 10_000 and not result.timed_back  # more than MAX_AUTO_TICKS: fine
 
 
-def _recheck(job: Job, policy: Policy, tick: float) -> list[tuple[str, float, str, list[float]]]:
-    """The replay's histories the slow way: every rule run afresh at every tick."""
-    from trainguard.checker.evaluate import build_rules, evaluate
-
-    rules = build_rules(policy)
-    first: dict[str, tuple[float, str, list[float]]] = {}
-    worst: dict[str, int] = {}
-    start, end = first_record(job), job.last_time()
-    assert start is not None and end is not None
-    for t in tick_times(start, end, tick).tolist():
-        for f in evaluate([job.until(t)], policy, t, rules=rules):
-            if f.key not in first:
-                first[f.key], worst[f.key] = (t, f.severity.value, []), f.severity.rank
-            elif f.severity.rank > worst[f.key]:
-                first[f.key][2].append(t)
-                worst[f.key] = f.severity.rank
-    return sorted((k, t, sev, esc) for k, (t, sev, esc) in first.items())
-
-
 def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
         curves_dir: Path) -> None:
     """On real runs of both corpora, with the default policy."""
@@ -215,9 +197,10 @@ def test_following_the_rules_gives_what_running_them_at_every_tick_gives(
         compared += 1
         tick = (last - first) / 200 or 1.0
         result = replay(job, policy, tick)
-        got = sorted((h.key, h.first.time, h.first.severity.value,
-                      [e.time for e in h.escalations]) for h in result.histories)
-        assert got == _recheck(job, policy, tick), row.run
+        start, end = first_record(job), job.last_time()
+        assert start is not None and end is not None
+        assert histories(result) == judged_afresh(
+            job, policy, tick_times(start, end, tick).tolist()), row.run
         assert result.rule_runs < result.rule_calls
     assert compared >= 8
 

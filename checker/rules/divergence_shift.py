@@ -23,10 +23,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from trainguard.checker.model import FloatArray
+
+
+class ShiftParams(Protocol):
+    """The ``divergence`` parameters of this test (``DivergenceParams``)."""
+
+    shift_points: int
+    shift_fraction: float
+    shift_back: float
 
 
 @dataclass
@@ -70,8 +79,7 @@ class Shifts:
         self.settled: Shifted | None = None  # the last one the run came back from
 
     def feed(self, high: np.ndarray, nf0: int, at: np.ndarray, v: FloatArray,
-             wide: FloatArray, first_wide: float, where: FloatArray,
-             points: int, fraction: float, back: float) -> None:
+             wide: FloatArray, first_wide: float, where: FloatArray, p: ShiftParams) -> None:
         """The next finite points ``v`` (the first is finite point ``nf0``, records ``at``,
         steps ``where``), ``high`` where shifted, ``wide`` the best level before each."""
         k, m = 0, len(v)
@@ -89,11 +97,12 @@ class Shifts:
                                         (first_wide, float(wide[k])), where=float(where[k]))
             low = np.flatnonzero(~high[k:])
             e = m if not len(low) else k + int(low[0])
-            self._grow(c, at[k:e], v[k:e], where[k:e], points, fraction, back)
+            self._grow(c, at[k:e], v[k:e], where[k:e], p)
             k = e
 
     def _grow(self, c: Shifted, at: np.ndarray, v: FloatArray, where: FloatArray,
-              points: int, fraction: float, back: float) -> None:
+              p: ShiftParams) -> None:
+        points, fraction = p.shift_points, p.shift_fraction
         n0 = c.length
         c.length += len(v)
         if c.ready:
@@ -108,10 +117,10 @@ class Shifts:
         first = float(np.median(c.values[:points]))
         w = where[j - n0]
         # as many points as the run had logged, and where there are steps, as many steps
-        long = j + 1 >= self.length_needed(c, points, fraction)
+        long = j + 1 >= self.length_needed(c, p)
         with np.errstate(invalid="ignore"):
             long &= ~(np.isfinite(w) & math.isfinite(c.where)) | (w - c.where >= fraction * c.where)
-        ok = np.flatnonzero(long & (latest >= first - back * (first - c.best)))
+        ok = np.flatnonzero(long & (latest >= first - p.shift_back * (first - c.best)))
         if len(ok):
             end = int(j[ok[0]])
             c.ready_at, c.ready_length = int(at[end - n0]), end + 1
@@ -119,9 +128,9 @@ class Shifts:
             c.values = []
 
     @staticmethod
-    def length_needed(c: Shifted, points: int, fraction: float) -> int:
+    def length_needed(c: Shifted, p: ShiftParams) -> int:
         """The fewest points a stretch needs to be a divergence."""
-        return max(2 * points, math.ceil(fraction * c.start))
+        return max(2 * p.shift_points, math.ceil(p.shift_fraction * c.start))
 
     def _close(self, back: int) -> None:
         c = self.open

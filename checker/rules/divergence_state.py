@@ -345,21 +345,19 @@ class Climbs(Track):
         self.pending: list[Climb] = []  # long enough, ended less than recover_points ago
         self.settled: Climb | None = None  # the last one settled: the run came back from it
         self.shifts = Shifts()  # the shift test's stretches (``divergence_shift``)
-        self.steps: FloatArray = np.empty(0)  # the objective's steps, while it is read
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
-        self.steps = s.step
-        self.read_new(s, lambda i, x: self._point(i, x, p),
-                      lambda n0, new: self._parts(new, n0, p))
-        self.steps = np.empty(0)
+        self.read_new(s, lambda i, x: self._point(i, x, p, s.step),
+                      lambda n0, new: self._parts(new, n0, p, s.step))
         while self.pending and self.nf - self.pending[0].end >= p.recover_points:
             self.settled = self.pending.pop(0)
         self.shifts.settle(self.nf, p.recover_points)
 
-    def _point(self, at: int, x: float, p: DivergenceParams) -> None:
-        """The next finite point, record ``at``: the best is that of the levels wholly
-        before it, so a single lucky low point is not a best and x is not its own."""
+    def _point(self, at: int, x: float, p: DivergenceParams, where: FloatArray) -> None:
+        """The next finite point, record ``at`` (``where``: the objective's steps): the best
+        is that of the levels wholly before it, so a single lucky low point is not a best
+        and x is not its own."""
         best, wide = self.best, self.best_wide
         high = (x >= p.regress_factor * best
                 and x >= best + p.regress_lost * max(self.first - best, 0.0)) or (
@@ -369,9 +367,9 @@ class Climbs(Track):
         self._stretch(high, at, x, best, p)
         shifted = (self.first_wide >= p.undo_learnt * wide and x >= p.shift_factor * wide
                    and x - wide >= p.shift_noise * self.noise.value)
-        self.shifts.feed(np.array([shifted]), self.nf, np.array([at]), np.array([x]),
-                         np.array([wide]), self.first_wide, self.steps[[at]],
-                         p.shift_points, p.shift_fraction, p.shift_back)
+        if shifted or self.shifts.open is not None:
+            self.shifts.feed(np.array([shifted]), self.nf, np.array([at]), np.array([x]),
+                             np.array([wide]), self.first_wide, where[[at]], p)
         self.low = min(self.low, x)
         window = self.last_wide
         window.append(x)
@@ -418,11 +416,13 @@ class Climbs(Track):
             self.pending.append(c)
         self.open = None
 
-    def _parts(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
+    def _parts(self, new: FloatArray, n0: int, p: DivergenceParams,
+               where: FloatArray) -> None:
         for a in range(0, len(new), _CHUNK):
-            self._many(new[a:a + _CHUNK], n0 + a, p)
+            self._many(new[a:a + _CHUNK], n0 + a, p, where)
 
-    def _many(self, new: FloatArray, n0: int, p: DivergenceParams) -> None:
+    def _many(self, new: FloatArray, n0: int, p: DivergenceParams,
+              where: FloatArray) -> None:
         """``_point`` on each finite value of ``new`` (records n0 ...), vectorised."""
         ok = np.isfinite(new)
         at = n0 + np.flatnonzero(ok)
@@ -450,8 +450,8 @@ class Climbs(Track):
                 & (v >= wide + p.undo_fraction * (first_wide - wide)))
             shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
                        & (v - wide >= p.shift_noise * noise))
-        self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, self.steps[at],
-                         p.shift_points, p.shift_fraction, p.shift_back)
+        if shifted.any() or self.shifts.open is not None:
+            self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, where[at], p)
         if self.open is not None and not high[0]:
             self._close(self.open, int(at[0]), p)
         for start, length in _runs(high):
@@ -508,17 +508,18 @@ class Climbs(Track):
             return None
         if self.low <= 0:  # never judged again
             return Band(math.inf, -math.inf, math.inf, True)
-        going = self.shifts.open
-        short = (0 if going is None or going.ready else
-                 self.shifts.length_needed(going, p.shift_points, p.shift_fraction)
-                 - going.length)
-        if self.open is not None or short < 0 or (going is not None and not going.ready
-                                                  and short == 0):
-            return Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
+        nowhere = Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
+        going, short = self.shifts.open, math.inf
+        if going is not None and not going.ready:
+            short = self.shifts.length_needed(going, p) - going.length
+            if short <= 0:  # long enough: any point may make it a divergence
+                return nowhere
+        if self.open is not None:
+            return nowhere
         pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
         left = min(pending) + p.recover_points - self.nf if pending else math.inf
         if going is not None:  # a divergence going on, or a stretch too short to be one
-            return self._shifted_band(min(left, short or math.inf), p)
+            return self._shifted_band(min(left, short), p)
         # The shift test's threshold, shift_factor x a best level that may fall to the
         # floor, would sit below the lowest point with a floor at half of it: a floor at
         # low / sqrt(shift_factor) keeps the band about the lowest point.
@@ -526,25 +527,26 @@ class Climbs(Track):
         # the best levels can only fall, and not below the lowest point: each test's
         # threshold is lowest at that bound (the shift test's needs a run that had learnt)
         m = min(floor, self.low)
-        ratio = max(p.regress_factor * m, m + p.regress_lost * (self.first - m))
-        undo = m + p.undo_fraction * (self.first_wide - m)
         shift = p.shift_factor * m if self.first_wide >= p.undo_learnt * m else math.inf
-        return Band(self.n + left, floor, min(ratio, undo, shift) * (1 - _EPS), True)
+        return Band(self.n + left, floor, min(self._far(m, m, p), shift) * (1 - _EPS), True)
+
+    def _far(self, best: float, wide: float, p: DivergenceParams) -> float:
+        """The least value a point takes to be far above the best levels ``best`` (of 3
+        points) and ``wide`` (of 9) by the ratio or the undo test (taken as armed)."""
+        ratio = max(p.regress_factor * best, best + p.regress_lost * max(self.first - best, 0))
+        return min(ratio, wide + p.undo_fraction * (self.first_wide - wide))
 
     def _shifted_band(self, left: float, p: DivergenceParams) -> Band:
         """While a shift stretch goes on (a divergence, or too short yet to be one): the
         points that keep it going and open no other stretch, for ``left`` more points at
         most and while at most ``_HORIZON`` blocks of 16 renew the point scatter (its
         median can rise only so far in that many). Such points cannot lower the best
-        levels, nor the scatter disarm the other tests (assumed armed)."""
+        levels; the run had learnt, so the undo test may be armed."""
         k = _HORIZON if math.isfinite(self.noise.upper(_HORIZON)) else 1
-        wide, best = self.best_wide, self.best
+        wide = self.best_wide
         lo = max(p.shift_factor * wide, wide + p.shift_noise * self.noise.upper(k))
-        hi = max(p.regress_factor * best, best + p.regress_lost * max(self.first - best, 0.0))
-        if self.first_wide >= p.undo_learnt * wide:
-            hi = min(hi, wide + p.undo_fraction * (self.first_wide - wide))
         until = self.n + min(left, k * _BLOCK - len(self.block))
-        return Band(until, lo * (1 + _EPS), hi * (1 - _EPS), True)
+        return Band(until, lo * (1 + _EPS), self._far(self.best, wide, p) * (1 - _EPS), True)
 
     def verdict(self, p: DivergenceParams) -> Climb | None:
         """The stretch to report: the first going on or ended within recover_points, else
