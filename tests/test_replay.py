@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +16,14 @@ from trainguard.checker.follow import Followers
 from trainguard.checker.model import Finding, Job, JobState, Series, Severity
 from trainguard.checker.policy import Cost, Policy
 from trainguard.checker.rules.base import Context, Rule, param
-from trainguard.replay import LIVE_TICK_S, MAX_AUTO_TICKS, first_record, replay, tick_times
+from trainguard.replay import (
+    LIVE_TICK_S,
+    MAX_AUTO_TICKS,
+    ReplayResult,
+    first_record,
+    replay,
+    tick_times,
+)
 
 
 @dataclass
@@ -150,6 +159,37 @@ def test_by_default_a_run_is_ticked_as_the_live_watchdog_and_fires_timed_back() 
     # on a step clock: every logging interval
     step = replay(_run(clock="step", every=2.0, end=600.0), Policy(), rules=[Threshold()])
     assert step.tick == 2.0 and step.ticks == 301
+
+
+def _finishes(work: Callable[[], ReplayResult]) -> ReplayResult:
+    """``work``'s result; a replay that never ends (the bug this guards against) fails
+    the test instead of hanging the suite: it runs in a daemon thread, given 120 s."""
+    out: list[ReplayResult] = []
+    t = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    t.start()
+    t.join(120.0)
+    assert out, "the replay did not finish"
+    return out[0]
+
+
+def test_a_finding_on_the_first_record_is_timed_to_it_on_a_time_axis() -> None:
+    # Timing a fire back halves the silence before its record, down to a second; before
+    # the first record there is none, and the halving once never ended there.
+    result = _finishes(lambda: replay(_run(every=10.0, high_from=0.0), Policy(),
+                                      rules=[Threshold()]))
+    [h] = result.histories
+    assert (h.first.time, h.first.severity) == (0.0, Severity.WARNING)
+    # A YOLO run whose first validation loss is NaN (its first epochs often are) on its
+    # elapsed-seconds clock, with the real rules: the warning is on that first record.
+    epochs = np.arange(1.0, 31.0)
+    yolo = Job(id="yolo", clock="elapsed", state=JobState.RUNNING)  # type: ignore[arg-type]
+    yolo.series["train/box_loss"] = Series("train/box_loss", epochs * 90.0, epochs,
+                                           1.0 + 1.0 / epochs)
+    yolo.series["val/box_loss"] = Series("val/box_loss", epochs * 90.0, epochs,
+                                         np.where(epochs <= 2, np.nan, 1.2 + 1.0 / epochs))
+    fires = [h for h in _finishes(lambda: replay(yolo, Policy())).histories
+             if h.rule == "divergence" and h.first.time == 90.0]
+    assert fires and all(h.worst == Severity.WARNING for h in fires)
 
 
 def test_a_long_run_is_not_refused_its_ticks_are_bounded_and_fires_land_on_their_record() -> None:

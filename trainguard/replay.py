@@ -392,7 +392,9 @@ def refine(cuts: Cuts, policy: Policy, rule: Rule, holds: Callable[[Finding], bo
                 a = m + 1
     t_hi = float(cands[a]) if a < len(cands) else hi
     t_lo = float(cands[a - 1]) if a > 0 else lo
-    while resolution is not None and t_hi - t_lo > resolution:
+    # Before the run's first record there is no silence to halve (lo is -inf there): a
+    # finding on the first record (a NaN in it) is timed to that record.
+    while resolution is not None and math.isfinite(t_lo) and t_hi - t_lo > resolution:
         mid = (t_lo + t_hi) / 2
         if found_at(mid) is not None:
             t_hi = mid
