@@ -224,6 +224,20 @@ def test_csv_bad_cell_names_file_line_and_column(tmp_path: Path) -> None:
         load_run(wide)
 
 
+def test_a_csv_separated_otherwise_says_so(tmp_path: Path) -> None:
+    # a spreadsheet in a decimal-comma locale writes ';' between cells
+    path = write(tmp_path / "eu.csv", "step;loss\n1;0,5\n2;0,4\n")
+    with pytest.raises(FormatError) as err:
+        load_run(path)
+    assert str(err.value) == (f"{path}:1: the header 'step;loss' reads as one column: are "
+                              "its cells separated by ';'? write them with ',' between them")
+    tabs = write(tmp_path / "tabs.csv", "step\tloss\n1\t0.5\n")
+    with pytest.raises(FormatError, match=r"tabs\.csv:1: .* by a tab\? .* name the file \.tsv"):
+        load_run(tabs)
+    # one column is a run too: a loss and nothing else
+    assert list(load_run(write(tmp_path / "one.csv", "loss\n0.5\n0.4\n")).series) == ["loss"]
+
+
 # --- jsonl -----------------------------------------------------------------------------
 
 def test_jsonl_records(tmp_path: Path) -> None:

@@ -65,6 +65,11 @@ class CsvReader(Reader):
         if header is None:
             return  # an empty file: a run that has just started
         header = [h.strip() for h in header]
+        if len(header) == 1 and (other := _other_separator(header[0], delimiter)):
+            raise FormatError(path, f"the header {header[0]!r} reads as one column: are its "
+                              f"cells separated by {other}? write them with "
+                              f"{delimiter!r} between them"
+                              + (", or name the file .tsv" if other == "a tab" else ""), 1)
         if len(set(header)) != len(header):
             dup = next(h for h in header if header.count(h) > 1)
             raise FormatError(path, f"column {dup!r} appears twice in the header", 1)
@@ -88,3 +93,13 @@ class CsvReader(Reader):
                 if i == last and partial_tail:
                     break
                 raise
+
+
+def _other_separator(header: str, delimiter: str) -> str | None:
+    """The separator a one-column header holds instead of ``delimiter``: a spreadsheet in a
+    locale with decimal commas writes ';' between cells ("step;loss", then "1;0,5")."""
+    for sep, name in ((";", "';'"), ("\t", "a tab"), (",", "','")):
+        if sep != delimiter and sep in header:
+            return name
+    return None
+
