@@ -14,9 +14,9 @@ finding. ``curves`` is taken at every twentieth run (its modded-nanogpt runs are
 alike; ``--curves-every``).
 
 Prints, per family and cadence, how many runs met their bar (a thinned run counts twice,
-once per phase), then every run that met it
-as logged and not when thinned, with the objective's points left: a rule needs some
-points to say anything (``plateau``: 5), so a short run thinned may say nothing.
+once per phase), then every run that met it as logged and not when thinned, with the
+objective's points left: a rule needs some points to say anything (``plateau``: 5), so a
+short run thinned may say nothing.
 """
 
 from __future__ import annotations

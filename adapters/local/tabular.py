@@ -102,4 +102,3 @@ def _other_separator(header: str, delimiter: str) -> str | None:
         if sep != delimiter and sep in header:
             return name
     return None
-
