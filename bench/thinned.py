@@ -31,16 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainguard.bench.harness import load  # noqa: E402
+from trainguard.bench.harness import JUDGES, KIND_OF_LABEL, Judge, load  # noqa: E402
 from trainguard.bench.labels import Labelled, read_labels  # noqa: E402
 from trainguard.checker.metrics import primary  # noqa: E402
-from trainguard.checker.model import Job, Series  # noqa: E402
+from trainguard.checker.model import Job, Series, Severity  # noqa: E402
 from trainguard.checker.rules.plateau import PlateauParams  # noqa: E402
 from trainguard.config import default_policy  # noqa: E402
 from trainguard.replay import replay  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
-Verdict = frozenset[tuple[str, str]]  # (rule, worst severity) of each finding
+Verdict = frozenset[tuple[str, Severity]]  # (rule, worst severity) of each finding
 
 
 def thin(job: Job, k: int, phase: int) -> Job:
@@ -56,16 +56,19 @@ def thin(job: Job, k: int, phase: int) -> Job:
 
 
 def met(label: str, verdict: Verdict) -> bool:
-    critical = {rule for rule, worst in verdict if worst == "critical"}
+    """Whether ``verdict`` meets ``label``'s bar: the finding ``bench`` counts as detecting
+    a bad label (``JUDGES``); on a healthy or spiky run, nothing critical and no
+    ``plateau`` detection."""
     if label in ("healthy", "spiky"):
-        return not critical and ("plateau", "warning") not in verdict
-    if label == "diverged":
-        return "divergence" in critical
-    if label == "flat":
-        return ("plateau", "warning") in verdict
-    if label == "overfit":
-        return any(rule == "overfit" for rule, _ in verdict)
-    return True
+        return (all(worst is not Severity.CRITICAL for _, worst in verdict)
+                and not _detects(JUDGES["plateau"], verdict))
+    kind = KIND_OF_LABEL.get(label)
+    return kind is None or _detects(JUDGES[kind], verdict)
+
+
+def _detects(judge: Judge, verdict: Verdict) -> bool:
+    return any(rule == judge.rule and worst.rank >= judge.min_severity.rank
+               for rule, worst in verdict)
 
 
 def judge(row: Labelled, k: int, phase: int) -> tuple[Verdict, int]:
@@ -74,7 +77,7 @@ def judge(row: Labelled, k: int, phase: int) -> tuple[Verdict, int]:
     policy = default_policy()
     objective = primary(job, policy, None)
     result = replay(job, policy)
-    return (frozenset((h.rule, h.worst.value) for h in result.histories),
+    return (frozenset((h.rule, h.worst) for h in result.histories),
             len(objective) if objective is not None else 0)
 
 
@@ -121,7 +124,7 @@ def main() -> None:
           f"{sum(points >= few for *_, points in lost)} of them with {few} or more points "
           "of the objective left (the objective's points left):\n")
     for row, k, phase, verdict, points in lost:
-        said = ", ".join(f"{r} {w}" for r, w in sorted(verdict)) or "nothing"
+        said = ", ".join(sorted(f"{r} {w.value}" for r, w in verdict)) or "nothing"
         print(f"- {row.run} ({row.label}), every {k} from record {phase}: "
               f"{points} points; {said}")
 
