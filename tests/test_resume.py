@@ -10,7 +10,7 @@ import numpy as np
 
 from trainguard.checker import cost
 from trainguard.checker.evaluate import evaluate
-from trainguard.checker.model import Job, JobState, Series, Severity
+from trainguard.checker.model import Finding, Job, JobState, Series, Severity
 from trainguard.checker.policy import Policy
 from trainguard.replay import replay
 
@@ -91,3 +91,80 @@ def test_a_log_file_keeps_the_resume_and_drops_a_late_metric(tmp_path: Path) -> 
     assert prog is not None
     assert prog.step.tolist() == [*range(1, 26), *range(21, 31)]
     assert cost.resumes(prog).tolist() == [25]
+
+
+def restarted_job(startup_s: float = 60.0, restart: bool = True) -> Job:
+    """A SageMaker job, as the adapter maps DescribeTrainingJob: it started at T0, made its
+    first progress ``startup_s`` later, then a step a minute for 200 minutes; it was
+    interrupted and, five hours later, restarted (a ``Restarting`` transition). The
+    restarted process has not logged yet."""
+    from trainguard.adapters.sagemaker.mapping import to_job
+
+    first = T0 + startup_s
+    restarted = first + 200 * 60.0 + 5 * 3600.0
+    doc = {
+        "TrainingJobName": "spot-a",
+        "TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/spot-a",
+        "TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
+        "ResourceConfig": {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 1},
+        "CreationTime": T0, "TrainingStartTime": T0,
+        "SecondaryStatusTransitions": [
+            {"Status": "Starting", "StartTime": T0},
+            {"Status": "Training", "StartTime": T0},
+            *([{"Status": "Restarting", "StartTime": restarted}] if restart else []),
+        ],
+    }
+    job = to_job(doc, tags={})
+    steps = np.arange(1.0, 201.0)
+    times = first + (steps - 1) * 60.0
+    job.series = {"loss": Series("loss", times, steps, 2.0 / np.sqrt(steps))}
+    return job
+
+
+def _stall(job: Job, now: float) -> list[Finding]:
+    return [f for f in evaluate([job.until(now)], Policy(), now) if f.rule == "stall"]
+
+
+def test_a_restarted_process_is_given_the_start_up_time_of_a_new_one() -> None:
+    """A spot interruption or pod restart after hours down: the new process loads its
+    checkpoint before it logs. Counted from the last record before the interruption, its
+    silence was critical at once and a policy allowing stops would stop it while it
+    loads. Counted from the restart, with the allowance of a start, it is not."""
+    job = restarted_job()
+    (restarted,) = job.restart_times
+    for minutes in (1, 10, 29):
+        assert _stall(job, restarted + minutes * 60.0) == []
+    (warn,) = _stall(job, restarted + 35 * 60.0)
+    assert warn.severity is Severity.WARNING
+    assert "since its restart" in warn.message and warn.started_at == restarted
+    (crit,) = _stall(job, restarted + 65 * 60.0)
+    assert crit.severity is Severity.CRITICAL  # a restarted process that hangs is still caught
+    # without the restart the same silence is a stall on the job's one-minute cadence
+    quiet = restarted_job(restart=False)
+    (hung,) = _stall(quiet, restarted + 60.0)
+    assert hung.severity is Severity.CRITICAL
+
+
+def test_a_slow_start_is_allowed_again_after_a_restart() -> None:
+    """A job that took 50 minutes from its start to its first step (a large checkpoint,
+    compilation) gets one and a half times that after a restart, not the half hour a job
+    of unknown start-up gets."""
+    job = restarted_job(startup_s=50 * 60.0)
+    (restarted,) = job.restart_times
+    assert _stall(job, restarted + 70 * 60.0) == []
+    (warn,) = _stall(job, restarted + 80 * 60.0)
+    assert warn.severity is Severity.WARNING
+
+
+def test_progress_after_the_restart_is_judged_on_the_learnt_cadence_again() -> None:
+    job = restarted_job()
+    (restarted,) = job.restart_times
+    loss = job.series["loss"]
+    later = restarted + 600.0 + np.arange(10) * 60.0  # logging again from 10 min on
+    steps = 190.0 + np.arange(10)  # resumed from the step-190 checkpoint
+    job.series["loss"] = Series("loss", np.concatenate([loss.time, later]),
+                                np.concatenate([loss.step, steps]),
+                                np.concatenate([loss.value, 2.0 / np.sqrt(steps)]))
+    assert _stall(job, later[-1] + 120.0) == []
+    (f,) = _stall(job, later[-1] + 15 * 60.0)  # 15 silent minutes on a one-minute cadence
+    assert "since its restart" not in f.message

@@ -6,7 +6,9 @@ threshold is learnt from the job's own update cadence, warm-up and compile gaps
 before the first updates are not held against it, pauses the job already came
 back from (evaluation, checkpoints) raise the threshold, and the GPU utilisation
 during the silence says which kind of stall it is: GPUs busy with no steps is a
-hung collective (horovod#3611), GPUs idle is a starved or dead input pipeline.
+hung collective (horovod#3611), GPUs idle is a starved or dead input pipeline. A
+restart the platform reports after the last progress starts the count again, with the
+allowance of a start: the new process loads its checkpoint first.
 
 Its cost does not grow with the square of the run when it is judged at every record. The
 cadence (the run's typical record gap, the 99th percentile of its update gaps) is learnt
@@ -130,9 +132,18 @@ class Stall(Rule):
         paused = job.series.get("pause_seconds")
         if paused is not None and len(paused) and float(paused.time[-1]) > last:
             last = float(paused.time[-1])  # the loop said it resumed: alive from there
+        restarted = _restart_since(job, last, ctx.now)
+        if restarted is not None:
+            last = restarted
         silence = float(ctx.now - last)
         thr, learnt = (self.threshold(c) if c is not None
                        else (max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}))
+        if restarted is not None:
+            # The process restarted after its last progress (a spot interruption, a pod
+            # restart): the new one loads its checkpoint and warms up as at the start, so
+            # it gets the start's allowance and its silence counts from the restart.
+            thr = max(thr, p.unlearnt_seconds, p.pause_factor * _startup(job, c))
+            learnt = {**learnt, "restarted_at": restarted}
         pauses = _finished_pauses(job)
         if len(pauses):
             # Pauses the job reported finishing (evaluation, checkpoint) are learnt too.
@@ -160,8 +171,9 @@ class Stall(Rule):
             evidence["gpu_util_during_silence"] = util
         return [Finding(
             job_id=job.id, rule=self.name, severity=severity,
-            message=(f"no progress for {_span(silence)} (threshold {_span(thr)}, "
-                     f"last step {last_step:g}): {why}"),
+            message=(f"no progress for {_span(silence)}"
+                     f"{' since its restart' if restarted is not None else ''} "
+                     f"(threshold {_span(thr)}, last step {last_step:g}): {why}"),
             started_at=last, step=last_step if np.isfinite(last_step) else None,
             evidence=evidence,
         )]
@@ -226,6 +238,7 @@ class Cadence:
         self.longest = 0.0
         self.updates = 0
         self.last_update = math.nan
+        self.first_update = math.nan
         self.prev_time = math.nan  # the last record with a step (for its gap)
         self.top = -math.inf  # the highest step so far
         self.best = -math.inf  # the highest step since the last resume
@@ -250,6 +263,7 @@ class Cadence:
         if len(gaps):
             c.p99, c.longest = quantile(gaps, 0.99), float(gaps.max())
         c.updates, c.last_update = len(times), float(times[-1])
+        c.first_update = float(times[0])
         if len(pre) >= 3:
             c.typical = float(np.median(np.diff(pre.time)))
         c.prev_time = float(pre.time[-1])
@@ -281,6 +295,8 @@ class Cadence:
                 if len(self.few) < FEW:
                     self.few.append(gap)
                 self.longest = max(self.longest, gap)
+            if not self.updates:
+                self.first_update = t
             self.updates += 1
             self.last_update = t
 
@@ -302,6 +318,19 @@ def _source(job: Job) -> Series | None:
                 and (math.isfinite(s.step[0]) or bool(np.isfinite(s.step).any())):
             best = s
     return best
+
+
+def _restart_since(job: Job, last: float, now: float) -> float | None:
+    """The latest restart of the job after ``last`` and by ``now``, if any."""
+    later = [r for r in job.restart_times if last < r <= now]
+    return max(later) if later else None
+
+
+def _startup(job: Job, c: Cadence | None) -> float:
+    """How long the job took from its start to its first progress (0 when unknown)."""
+    if c is None or not c.updates or job.start_time is None:
+        return 0.0
+    return max(c.first_update - job.start_time, 0.0)
 
 
 def _finished_pauses(job: Job) -> FloatArray:
