@@ -88,30 +88,79 @@ def progress(job: Job, state: dict[str, Any] | None = None) -> Series | None:
 RESUME_GAP_FACTOR = 3.0
 
 
-def resumes(prog: Series) -> np.ndarray:
-    """Indices of the records where the run resumed from a checkpoint: the step went back
-    below one already logged, after a silence well beyond the run's own cadence. A process
-    that was restarted (a spot interruption, a crash, a pre-emption) logs again steps it
-    had passed; the silence before it was the job being down, not a hang of the job that
-    resumed."""
+def progress_source(job: Job) -> Series | None:
+    """The series ``progress`` reads, not a copy: ``step`` if logged, else the longest
+    series with steps (records without a step are skipped where it is read)."""
+    series = job.series
+    step = series.get("step")
+    if step is not None and len(step):
+        return step
+    best: Series | None = None
+    for k in series:
+        if k.startswith(NOT_PROGRESS):
+            continue
+        s = series[k]
+        if len(s) and (best is None or len(s) > len(best)) \
+                and (math.isfinite(s.step[0]) or bool(np.isfinite(s.step).any())):
+            best = s
+    return best
+
+
+def logged_again(series: dict[str, Series], source: Series | None, before: float, at: float,
+                 step: float) -> bool:
+    """Whether the record at ``before``, the last before a silence, was written again at
+    ``at``: every series but ``source`` (the one progress is read from) and ``step`` that
+    logged at ``before`` did so at ``step`` and logs ``step`` again at ``at``, as a
+    process resumed from the checkpoint of its last logged step does. An evaluation
+    logged at its training step after a long pause is not that: the training record's
+    loss is not written again (an epoch counter in both records alone does not make it
+    one)."""
+    same = 0
+    for name, s in series.items():
+        if s is source or name == "step" or name.startswith(NOT_PROGRESS) or not len(s):
+            continue
+        k = int(np.searchsorted(s.time, before, "right"))
+        if k == 0 or s.time[k - 1] != before:
+            continue  # not in that record
+        j = int(np.searchsorted(s.time, at, "left"))
+        if s.step[k - 1] != step or j >= len(s) or s.time[j] != at or s.step[j] != step:
+            return False
+        same += 1
+    return same > 0
+
+
+def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
+    """Indices of the records where the run resumed from a checkpoint, after a silence
+    well beyond the run's own cadence: the step went back below one already logged, or,
+    given the job to tell it by, came back to the last one logged with some series
+    writing its record again (``logged_again``). A process that was restarted (a spot
+    interruption, a crash, a pre-emption) logs again steps it had passed; the silence
+    before it was the job being down, not a hang of the job that resumed."""
     if len(prog) < 3:
         return np.empty(0, dtype=np.intp)
     gaps = np.diff(prog.time)
     typical = float(np.median(gaps))
     if not typical > 0:
         return np.empty(0, dtype=np.intp)
-    back = prog.step[1:] < np.maximum.accumulate(prog.step)[:-1]
-    return np.flatnonzero(back & (gaps > RESUME_GAP_FACTOR * typical)) + 1
+    top = np.maximum.accumulate(prog.step)[:-1]
+    silent = gaps > RESUME_GAP_FACTOR * typical
+    found = silent & (prog.step[1:] < top)
+    if job is not None:
+        source = progress_source(job)
+        for i in np.flatnonzero(silent & (prog.step[1:] == top)):
+            found[i] = logged_again(job.series, source, float(prog.time[i]),
+                                    float(prog.time[i + 1]), float(prog.step[i + 1]))
+    return np.flatnonzero(found) + 1
 
 
-def update_times(prog: Series) -> FloatArray:
+def update_times(prog: Series, job: Job | None = None) -> FloatArray:
     """When progress was made: the times of the records that raised the step beyond every
     step before them (a repeated or lower step is no progress). After a resume from a
-    checkpoint the count starts again: the resumed process's first record and every step
-    it raises are progress."""
+    checkpoint (``resumes``, told by ``job`` where given) the count starts again: the
+    resumed process's first record and every step it raises are progress."""
     if not len(prog):
         return np.empty(0)
-    starts = [0, *resumes(prog).tolist(), len(prog)]
+    starts = [0, *resumes(prog, job).tolist(), len(prog)]
     rises = np.empty(len(prog), dtype=bool)
     for a, b in itertools.pairwise(starts):
         best = np.maximum.accumulate(prog.step[a:b])

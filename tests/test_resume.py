@@ -168,3 +168,63 @@ def test_progress_after_the_restart_is_judged_on_the_learnt_cadence_again() -> N
     assert _stall(job, later[-1] + 120.0) == []
     (f,) = _stall(job, later[-1] + 15 * 60.0)  # 15 silent minutes on a one-minute cadence
     assert "since its restart" not in f.message
+
+
+def _lines_job(tmp_path: Path, lines: list[dict[str, float]]) -> Job:
+    """``lines`` written as a JSON-lines log and read back by the real reader."""
+    import json
+
+    from trainguard.adapters.local import load_run
+
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return load_run(path)
+
+
+def test_a_resume_that_logs_its_last_step_again_is_a_resume(tmp_path: Path) -> None:
+    """Resumed from the checkpoint of the last step it logged (epoch 25), the process
+    writes epoch 25's record again ten hours later. Read as no progress, the resumed run
+    was critically stalled from its first record until its next (a watchdog allowed to
+    stop would have stopped it) and ``replay`` called the down time a stall."""
+    steps = [*range(1, 26), *range(25, 31)]
+    times = [T0 + e * EPOCH_S for e in range(1, 26)]
+    times += [times[-1] + DOWN_S + i * EPOCH_S for i in range(1, 7)]
+    job = _lines_job(tmp_path, [{"step": s, "time": t, "loss": 2.0 / s ** 0.5, "lr": 1e-3}
+                                for s, t in zip(steps, times, strict=True)])
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == [25]
+    resumed_at = times[25]
+    assert _stall(job, resumed_at + 60.0) == []
+    assert not [h for h in replay(job, Policy()).histories if h.rule == "stall"]
+    (f,) = _stall(job, times[-1] + 3 * 3600.0)  # a hang after the resume is still one
+    assert f.severity is Severity.CRITICAL
+
+
+def test_an_evaluation_logged_at_its_training_step_is_no_resume(tmp_path: Path) -> None:
+    """A step a minute; every 100 steps a 40-minute evaluation, logged at the training
+    step it evaluated with the epoch counter in both records. The evaluation's record
+    repeats the step after a silence, as a resume's would, but the training record is not
+    written again: it is a pause, learnt as one, and a later evaluation as long is no
+    stall. Read as a resume, the pause would not be learnt and every evaluation would
+    be a stall."""
+    lines: list[dict[str, float]] = []
+    t = T0
+    for s in range(1, 351):
+        t += 60.0
+        lines.append({"step": s, "time": t, "loss": 2.0 / s ** 0.5, "epoch": s / 100})
+        if s % 100 == 0:
+            t += 40 * 60.0
+            lines.append({"step": s, "time": t, "eval_loss": 2.2 / s ** 0.5, "epoch": s / 100})
+    job = _lines_job(tmp_path, lines)
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == []
+    third_eval = next(x["time"] for x in lines if x["step"] == 300 and "eval_loss" in x)
+    assert _stall(job, third_eval - 60.0) == []  # 39 minutes into the third evaluation
+    # the same records as a cloud adapter hands them: no step series, the epoch counter
+    # the longest series (the source of progress), so no witness of a resume
+    del job.series["step"]
+    source = cost.progress_source(job)
+    assert source is not None and source.name == "epoch"
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == []
+    assert _stall(job, third_eval - 60.0) == []

@@ -258,7 +258,7 @@ class Cuts:
         # in between say so instead of calling the job running. Hindsight, stated as such.
         prog = cost.progress(job)
         self.down = [] if prog is None else [
-            (float(prog.time[i - 1]), float(prog.time[i])) for i in cost.resumes(prog)]
+            (float(prog.time[i - 1]), float(prog.time[i])) for i in cost.resumes(prog, job)]
         # what changed from the cut before to the last one made
         self.grown: set[str] = set()
         self.logs_grown = self.state_changed = True

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from trainguard.adapters.local.definitions import MetricDefinition
 from trainguard.adapters.local.names import recognise
-from trainguard.checker.cost import RESUME_GAP_FACTOR
+from trainguard.checker.cost import RESUME_GAP_FACTOR, logged_again
 from trainguard.checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
 
 NAN = math.nan
@@ -216,7 +216,7 @@ class RunBuilder:
                 job.series[name] = Series(name, time[sel], step[sel], value[sel])
         # progress from every record that carries a step; a reader adds records named
         # "step" for steps that came with no metric
-        progress = self._progress((kind >= 0) & ~np.isnan(step), step, time)
+        progress = self._progress((kind >= 0) & ~np.isnan(step), step, time, job.series)
         if progress is not None:
             job.series["step"] = progress
         if self.logs:
@@ -232,12 +232,14 @@ class RunBuilder:
         return job
 
     @staticmethod
-    def _progress(records: npt.NDArray[np.bool_], step: FloatArray,
-                  time: FloatArray) -> Series | None:
+    def _progress(records: npt.NDArray[np.bool_], step: FloatArray, time: FloatArray,
+                  series: dict[str, Series]) -> Series | None:
         """One point per distinct step, at the first time it was recorded, in time order;
-        and again after each resume from a checkpoint (the step going back after a silence
-        far beyond the run's cadence: ``checker.cost.RESUME_GAP_FACTOR``), so that the
-        resume can be seen. A metric logged late for an earlier step is no resume."""
+        and again after each resume from a checkpoint (after a silence far beyond the
+        run's cadence, ``checker.cost.RESUME_GAP_FACTOR``, the step going back, or coming
+        back to the last one logged with a series writing its record again:
+        ``checker.cost.logged_again``), so that the resume can be seen. A metric logged
+        late for an earlier step is no resume."""
         if not records.any():
             return None
         idx = np.flatnonzero(records)
@@ -245,9 +247,12 @@ class RunBuilder:
         s, tm = step[idx], time[idx]
         gaps = np.diff(tm)
         typical = float(np.median(gaps[gaps > 0])) if (gaps > 0).any() else 0.0
-        back = s[1:] < np.maximum.accumulate(s)[:-1]
-        starts = np.flatnonzero(back & (gaps > RESUME_GAP_FACTOR * typical)) + 1 \
-            if typical > 0 else np.empty(0, dtype=np.intp)
+        top = np.maximum.accumulate(s)[:-1]
+        silent = gaps > RESUME_GAP_FACTOR * typical if typical > 0 else np.zeros_like(top, bool)
+        found = silent & (s[1:] < top)
+        for i in np.flatnonzero(silent & (s[1:] == top)):
+            found[i] = logged_again(series, None, float(tm[i]), float(tm[i + 1]), float(s[i + 1]))
+        starts = np.flatnonzero(found) + 1
         keep: list[np.ndarray] = []
         for a, b in itertools.pairwise([0, *starts.tolist(), len(idx)]):
             _, first = np.unique(s[a:b], return_index=True)

@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.checker.cost import NOT_PROGRESS, RESUME_GAP_FACTOR, resumes, update_times
+from trainguard.checker.cost import (
+    RESUME_GAP_FACTOR,
+    logged_again,
+    progress_source,
+    resumes,
+    update_times,
+)
 from trainguard.checker.follow import STABLE, STABLE_NOW
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
@@ -101,7 +107,7 @@ class Stall(Rule):
         """The job's progress so far (``Cadence``), from ``state`` where it extends what
         was read there; None when no series counts steps."""
         p: StallParams = self.params
-        src = _source(job)
+        src = progress_source(job)
         if src is None:
             return None
         n = len(src)
@@ -110,8 +116,8 @@ class Stall(Rule):
         kept: Cadence | None = state.get("cadence") if state is not None else None
         if kept is None or kept.mark != mark or kept.seen > n \
                 or float(src.time[kept.seen - 1]) != kept.seen_time:
-            kept = Cadence.learn(src, upto, mark, p.warmup_updates)
-        kept.read(src, p.warmup_updates)
+            kept = Cadence.learn(job, src, upto, mark, p.warmup_updates)
+        kept.read(job, src, p.warmup_updates)
         if state is not None:
             state["cadence"] = kept
         return kept
@@ -244,15 +250,16 @@ class Cadence:
         self.best = -math.inf  # the highest step since the last resume
 
     @classmethod
-    def learn(cls, src: Series, upto: int, mark: tuple[Any, ...], warmup: int) -> Cadence:
+    def learn(cls, job: Job, src: Series, upto: int, mark: tuple[Any, ...],
+              warmup: int) -> Cadence:
         c = cls(mark)
         ok = np.isfinite(src.step[:upto]) if src.name != "step" else slice(None)
         pre = Series(src.name, src.time[:upto][ok], src.step[:upto][ok], src.step[:upto][ok])
         c.seen, c.seen_time = upto, float(src.time[upto - 1])
         if not len(pre):
             return c
-        times = update_times(pre)
-        back = resumes(pre)
+        back = resumes(pre, job)
+        times = update_times(pre, job)
         resumed = pre.time[back]
         ts = times[warmup - 1:]
         gaps = np.diff(ts) if len(times) > warmup else np.empty(0)
@@ -271,8 +278,9 @@ class Cadence:
         c.best = float(np.max(pre.step[int(back[-1]) if len(back) else 0:]))
         return c
 
-    def read(self, src: Series, warmup: int) -> None:
-        """The records of ``src`` after those already read, one at a time."""
+    def read(self, job: Job, src: Series, warmup: int) -> None:
+        """The records of ``src`` after those already read, one at a time (``job`` tells
+        a resume that logs its last step again)."""
         n = len(src)
         if self.seen >= n:
             return
@@ -282,7 +290,9 @@ class Cadence:
         for t, s in zip(times, steps, strict=True):
             if not math.isfinite(s):
                 continue
-            resumed = self.typical > 0 and s < self.top and t - self.prev_time > limit
+            resumed = self.typical > 0 and t - self.prev_time > limit and (
+                s < self.top or (s == self.top and logged_again(
+                    job.series, src, self.prev_time, t, s)))
             self.prev_time = t
             self.top = max(self.top, s)
             if resumed or s > self.best:
@@ -299,25 +309,6 @@ class Cadence:
                 self.first_update = t
             self.updates += 1
             self.last_update = t
-
-
-def _source(job: Job) -> Series | None:
-    """The series that counts steps, as ``cost.progress`` picks it, without a copy:
-    ``step`` if logged, else the longest series with steps (records without a step are
-    skipped where it is read)."""
-    series = job.series
-    step = series.get("step")
-    if step is not None and len(step):
-        return step
-    best: Series | None = None
-    for k in series:
-        if k.startswith(NOT_PROGRESS):
-            continue
-        s = series[k]
-        if len(s) and (best is None or len(s) > len(best)) \
-                and (math.isfinite(s.step[0]) or bool(np.isfinite(s.step).any())):
-            best = s
-    return best
 
 
 def _restart_since(job: Job, last: float, now: float) -> float | None:

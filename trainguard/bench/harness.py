@@ -218,6 +218,7 @@ class _Progress:
     """The run's progress: its last logged step at a time, and its update times."""
 
     def __init__(self, job: Job) -> None:
+        self.job = job
         self.series = cost.progress(job)
 
     def step_at(self, t: float) -> float | None:
@@ -233,7 +234,7 @@ class _Progress:
         """The 99th percentile of the gaps between updates that raised the step."""
         if self.series is None or len(self.series) < 2:
             return None
-        gaps = np.diff(cost.update_times(self.series))
+        gaps = np.diff(cost.update_times(self.series, self.job))
         return float(np.quantile(gaps, 0.99)) if len(gaps) else None
 
 
