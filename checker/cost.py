@@ -106,24 +106,25 @@ def progress_source(job: Job) -> Series | None:
     return best
 
 
-def logged_again(series: dict[str, Series], source: Series | None, before: float, at: float,
+def logged_again(series: dict[str, Series], source: Series | None, at: float,
                  step: float) -> bool:
-    """Whether the record at ``before``, the last before a silence, was written again at
-    ``at``: every series but ``source`` (the one progress is read from) and ``step`` that
-    logged at ``before`` did so at ``step`` and logs ``step`` again at ``at``, as a
-    process resumed from the checkpoint of its last logged step does. An evaluation
-    logged at its training step after a long pause is not that: the training record's
-    loss is not written again (an epoch counter in both records alone does not make it
-    one)."""
+    """Whether the record at ``at``, the first after a silence, writes again the last
+    record before it: every series but ``source`` (the one progress is read from) and
+    ``step`` that logs at ``at`` logs ``step`` there and had logged ``step`` last, as a
+    process resumed from the checkpoint of its last logged step does (series written at
+    slightly different times, as TensorBoard's scalars are, are judged by the first).
+    An evaluation logged at its training step after a long pause is not that: its
+    evaluation loss last logged an earlier step (an epoch counter in both records alone
+    does not make it one). Decided from the records up to ``at``, so a replay and a
+    check agree."""
     same = 0
     for name, s in series.items():
         if s is source or name == "step" or name.startswith(NOT_PROGRESS) or not len(s):
             continue
-        k = int(np.searchsorted(s.time, before, "right"))
-        if k == 0 or s.time[k - 1] != before:
-            continue  # not in that record
         j = int(np.searchsorted(s.time, at, "left"))
-        if s.step[k - 1] != step or j >= len(s) or s.time[j] != at or s.step[j] != step:
+        if j >= len(s) or s.time[j] != at:
+            continue  # not in that record
+        if j == 0 or s.step[j] != step or s.step[j - 1] != step:
             return False
         same += 1
     return same > 0
@@ -148,8 +149,8 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
     if job is not None:
         source = progress_source(job)
         for i in np.flatnonzero(silent & (prog.step[1:] == top)):
-            found[i] = logged_again(job.series, source, float(prog.time[i]),
-                                    float(prog.time[i + 1]), float(prog.step[i + 1]))
+            found[i] = logged_again(job.series, source, float(prog.time[i + 1]),
+                                    float(prog.step[i + 1]))
     return np.flatnonzero(found) + 1
 
 

@@ -228,3 +228,26 @@ def test_an_evaluation_logged_at_its_training_step_is_no_resume(tmp_path: Path) 
     prog = cost.progress(job)
     assert prog is not None and cost.resumes(prog, job).tolist() == []
     assert _stall(job, third_eval - 60.0) == []
+
+
+def test_a_tensorboard_resume_that_logs_its_last_step_again(tmp_path: Path) -> None:
+    """TensorBoard stamps each scalar with its own wall time, a millisecond apart within
+    one step: the resumed process's record is told by its first scalar, which logged the
+    same step last before the silence. Written by tensorboardX, read by the real reader."""
+    from tensorboardX import SummaryWriter
+
+    from trainguard.adapters.local import load_run
+
+    steps = [*range(1, 26), *range(25, 31)]
+    times = [T0 + e * EPOCH_S for e in range(1, 26)]
+    times += [times[-1] + DOWN_S + i * EPOCH_S for i in range(1, 7)]
+    with SummaryWriter(str(tmp_path / "tb")) as w:
+        for s, t in zip(steps, times, strict=True):
+            w.add_scalar("train/loss", 2.0 / s ** 0.5, global_step=s, walltime=t)
+            w.add_scalar("train/lr", 1e-3, global_step=s, walltime=t + 0.001)
+            w.add_scalar("train/grad_norm", 0.5, global_step=s, walltime=t + 0.002)
+    job = load_run(tmp_path / "tb")
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == [25]
+    assert _stall(job, times[25] + 60.0) == []
+    assert not [h for h in replay(job, Policy()).histories if h.rule == "stall"]

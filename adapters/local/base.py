@@ -251,7 +251,7 @@ class RunBuilder:
         silent = gaps > RESUME_GAP_FACTOR * typical if typical > 0 else np.zeros_like(top, bool)
         found = silent & (s[1:] < top)
         for i in np.flatnonzero(silent & (s[1:] == top)):
-            found[i] = logged_again(series, None, float(tm[i]), float(tm[i + 1]), float(s[i + 1]))
+            found[i] = logged_again(series, None, float(tm[i + 1]), float(s[i + 1]))
         starts = np.flatnonzero(found) + 1
         keep: list[np.ndarray] = []
         for a, b in itertools.pairwise([0, *starts.tolist(), len(idx)]):

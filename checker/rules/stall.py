@@ -291,8 +291,7 @@ class Cadence:
             if not math.isfinite(s):
                 continue
             resumed = self.typical > 0 and t - self.prev_time > limit and (
-                s < self.top or (s == self.top and logged_again(
-                    job.series, src, self.prev_time, t, s)))
+                s < self.top or (s == self.top and logged_again(job.series, src, t, s)))
             self.prev_time = t
             self.top = max(self.top, s)
             if resumed or s > self.best:
