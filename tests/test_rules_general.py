@@ -131,6 +131,50 @@ def test_a_short_run_learning_through_chance_level_is_not_flagged() -> None:
                   "plateau") == []
 
 
+def test_an_accuracy_near_one_third_on_a_falling_loss_is_not_chance() -> None:
+    """A many-class task learning slowly: top-1 accuracy 0.30 to 0.35 (near 1/3, chance
+    only on three classes) while its loss falls from 2.36 to 2.13, above ln 3. Read as
+    "worse than chance", a real YOLO classifier's training loss was "not learning" (the
+    runs corpus's BorisLeung run). A loss at that level that does not fall, with the same
+    accuracy, still is."""
+    epochs = np.arange(1.0, 11.0)
+    acc = np.linspace(0.30, 0.35, 10)
+    falling = np.linspace(2.36, 2.13, 10)
+    assert judged(job_of({"train/loss": (epochs, falling),
+                          "metrics/accuracy_top1": (epochs, acc)}), "plateau") == []
+    level = 2.2 + np.array([0.004, -0.003, 0.002, 0.0, -0.002, 0.003, -0.001, 0.001,
+                            -0.002, 0.002])
+    flat_acc = 1 / 3 + np.array([0.01, -0.01, 0.005, 0.0, -0.005, 0.01, -0.01, 0.0,
+                                 0.005, -0.005])
+    (f,) = judged(job_of({"train/loss": (epochs, level),
+                          "metrics/accuracy_top1": (epochs, flat_acc)}), "plateau")
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 3
+
+
+def test_a_held_out_loss_of_few_points_leaves_the_verdict_to_the_training_loss() -> None:
+    """Three validation epochs say nothing (5 points are needed); the 30 training losses
+    logged meanwhile do. Flat at 1.32 to four digits, the run is not learning, and the
+    finding names the series it read. Its healthy twin, whose training loss falls, is
+    not; and once validation has 5 points, it is judged again."""
+    train_steps = np.arange(1.0, 31.0) * 10
+    val_steps = np.array([100.0, 200.0, 300.0])
+    flat = 1.32 + 1e-4 * np.sin(train_steps)
+    val = np.array([1.41, 1.40, 1.41])
+    (f,) = judged(job_of({"train_loss": (train_steps, flat), "val_loss": (val_steps, val)}),
+                  "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["kind"] == "flat"
+    assert f.message.startswith("train_loss")
+    learning = 0.5 + 1.0 * np.exp(-train_steps / 100)
+    assert not [f for f in judged(job_of({"train_loss": (train_steps, learning),
+                                          "val_loss": (val_steps, val)}), "plateau")
+                if f.severity is Severity.WARNING]
+    five = np.arange(1.0, 6.0) * 60
+    falling_val = np.array([1.6, 1.3, 1.1, 0.95, 0.85])
+    judged_on_val = judged(job_of({"train_loss": (train_steps, flat),
+                                   "val_loss": (five, falling_val)}), "plateau")
+    assert not [f for f in judged_on_val if f.severity is Severity.WARNING]
+
+
 def test_a_short_run_constant_to_six_digits_is_not_learning() -> None:
     steps = np.arange(7.0) * 100
     loss = 246.4912 + np.array([3e-4, 1e-4, 2e-4, 0.0, 1e-4, 2e-4, 1e-4])

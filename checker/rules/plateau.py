@@ -122,6 +122,14 @@ class PlateauParams:
         "checkpoint) holds the slow tail of its learning, not its start")
 
 
+def _has_points(s: Series, n: int) -> bool:
+    """``s`` has at least ``n`` finite values (looked at from its end: a replay asks at
+    every tick, and a long series has them there)."""
+    if len(s) < n:
+        return False
+    return bool(np.isfinite(s.value[-n:]).all()) or int(np.isfinite(s.value).sum()) >= n
+
+
 @register
 class Plateau(Rule):
     name = "plateau"
@@ -132,6 +140,14 @@ class Plateau(Rule):
         raw = job.series.get(p.metric) if p.metric else primary(job, ctx.policy, ctx.state)
         if raw is None or len(raw) == 0:
             return []
+        held_out: Series | None = None
+        if not p.metric and is_eval(raw.name) and not _has_points(raw, p.min_points):
+            # Too few evaluations to judge (a run of 3 validation epochs, or one whose
+            # validation loss is NaN): the training loss logged meanwhile is judged instead,
+            # until there are enough.
+            train = training_objective(job, ctx.policy, ctx.state)
+            if train is not None and _has_points(train, p.min_points):
+                held_out, raw = raw, train
         n = len(raw)
         upto, block = judged_prefix(n, p.max_points, p.rejudge_parts)
         if block == 1:
@@ -155,6 +171,8 @@ class Plateau(Rule):
             if ctx.state is not None:
                 # The next boundary, or where the block doubles (a shorter prefix then).
                 ctx.state[STABLE] = {raw.name: min(upto + block, p.rejudge_parts * 2 * block)}
+                if held_out is not None:  # its next record may be the one that is enough
+                    ctx.state[STABLE][held_out.name] = len(held_out) + 1
         return [self._priced(job, ctx, f) for f in found]
 
     def _judge(self, job: Job, ctx: Context, raw: Series) -> list[Finding]:
@@ -354,15 +372,17 @@ class Plateau(Rule):
         if len(v) < p.chance_min_points:
             return None
         best = float(np.min(rolling_median3(v))) if len(v) >= 3 else float(np.min(v))
+        head, tail = span_thirds(np.arange(len(v), dtype=float))
+        start, end = median(v[head]), median(v[tail])
+        if start - end >= p.min_rel_improvement * start:
+            # A loss that is still falling is learning, near ln K or above it with an
+            # accuracy near 1/K: a 30 % top-1 accuracy is 1/3, and chance only on 3 classes.
+            return None
         acc_s = accuracy_partner(job, raw)
         if acc_s is not None:
             a = acc_s.value[np.isfinite(acc_s.value)]
             if len(a) >= p.chance_min_points and 0 < median(a) <= 1:
                 return self._chance_confirmed(a, best)
-        head, tail = span_thirds(np.arange(len(v), dtype=float))
-        start, end = median(v[head]), median(v[tail])
-        if start - end >= p.min_rel_improvement * start:
-            return None  # a loss near ln K that is still falling is learning
         # The bands of neighbouring K overlap (ln 9 * 1.05 > ln 10): name the nearest K.
         fits = [k for k in range(2, p.chance_max_classes + 1)
                 if best >= math.log(k) * (1 - p.chance_tolerance)
