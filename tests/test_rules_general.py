@@ -173,6 +173,10 @@ def test_a_held_out_loss_of_few_points_leaves_the_verdict_to_the_training_loss()
     judged_on_val = judged(job_of({"train_loss": (train_steps, flat),
                                    "val_loss": (five, falling_val)}), "plateau")
     assert not [f for f in judged_on_val if f.severity is Severity.WARNING]
+    # an objective the policy names is judged alone: its few points say nothing yet
+    named = Policy(metrics={"objective": "val_loss"})
+    assert judged(job_of({"train_loss": (train_steps, flat), "val_loss": (val_steps, val)}),
+                  "plateau", policy=named) == []
 
 
 def test_a_short_run_constant_to_six_digits_is_not_learning() -> None:

@@ -141,7 +141,8 @@ class Plateau(Rule):
         if raw is None or len(raw) == 0:
             return []
         held_out: Series | None = None
-        if not p.metric and is_eval(raw.name) and not _has_points(raw, p.min_points):
+        if not p.metric and "objective" not in ctx.policy.metrics and is_eval(raw.name) \
+                and not _has_points(raw, p.min_points):
             # Too few evaluations to judge (a run of 3 validation epochs, or one whose
             # validation loss is NaN): the training loss logged meanwhile is judged instead,
             # until there are enough.
