@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from trainguard.checker import cost
 from trainguard.checker.evaluate import evaluate
@@ -251,3 +252,58 @@ def test_a_tensorboard_resume_that_logs_its_last_step_again(tmp_path: Path) -> N
     assert prog is not None and cost.resumes(prog, job).tolist() == [25]
     assert _stall(job, times[25] + 60.0) == []
     assert not [h for h in replay(job, Policy()).histories if h.rule == "stall"]
+
+
+def _down_then(job: Job, repeat: bool) -> Job | None:
+    """``job`` down for a long silence (20 x its median record gap, at least 4 hours) after
+    60 % of its progress records; with ``repeat``, the process that comes back first writes
+    the record at the cut again (every series that logged that step), as a process resumed
+    from that step's checkpoint does. None for a run too short to cut."""
+    prog = job.series.get("step")
+    if prog is None or len(prog) < 20:
+        return None
+    i = int(len(prog) * 0.6)
+    cut, at_step = float(prog.time[i]), float(prog.step[i])
+    down = max(20 * float(np.median(np.diff(prog.time))), 4 * 3600.0)
+    series = {}
+    for name, s in job.series.items():
+        t = np.where(s.time > cut, s.time + down, s.time)
+        j = int(np.searchsorted(s.time, cut, "right"))  # records up to the cut
+        again = repeat and j > 0 and s.step[j - 1] == at_step
+        k = [j - 1] if again else []
+        series[name] = Series(name, np.r_[t[:j], [cut + down] * len(k), t[j:]],
+                              np.r_[s.step[:j], s.step[k], s.step[j:]],
+                              np.r_[s.value[:j], s.value[k], s.value[j:]])
+    end = job.end_time + down if job.end_time is not None else None
+    return Job(**{**job.__dict__, "series": series, "end_time": end})
+
+
+@pytest.mark.realdata
+def test_real_runs_resumed_at_their_last_step_are_not_stalls() -> None:
+    """Every healthy and spiky run of ``runs`` on a time axis, taken down for hours after
+    60 % of its records: coming back by writing its last record again, it is a resume
+    (``replay`` calls the silence down, no stall); coming back at the next step, the
+    silence is a stall (critical), as it must be. A log whose step lines carry no metric
+    (modded-nanogpt's) has no series to tell such a resume by (README), so ``curves`` is
+    not used here."""
+    from tests.corpora import RUNS
+    from trainguard.bench.harness import load
+    from trainguard.bench.labels import read_labels
+
+    if not (RUNS / "labels.csv").is_file():
+        pytest.skip(f"real runs not found at {RUNS} (lay ../shared/data beside the checkout)")
+    judged, wrong = 0, []
+    for row in read_labels(RUNS / "labels.csv"):
+        job = load(row)
+        if job.clock == "step" or row.label not in ("healthy", "spiky"):
+            continue
+        for repeat in (True, False):
+            built = _down_then(job, repeat)
+            if built is None:
+                continue
+            judged += 1
+            stalls = [h for h in replay(built, Policy()).histories
+                      if h.rule == "stall" and h.worst is Severity.CRITICAL]
+            if bool(stalls) == repeat:
+                wrong.append((row.run, repeat))
+    assert judged >= 10 and not wrong, (judged, wrong)
