@@ -108,16 +108,16 @@ def progress_source(job: Job) -> Series | None:
 
 def logged_again(series: dict[str, Series], source: Series | None, at: float,
                  step: float) -> bool:
-    """Whether the record at ``at``, the first after a silence, writes again the last
-    record before it: every series but ``source`` (the one progress is read from) and
-    ``step`` that logs at ``at`` logs ``step`` there and had logged ``step`` last, as a
-    process resumed from the checkpoint of its last logged step does (series written at
-    slightly different times, as TensorBoard's scalars are, are judged by the first).
-    An evaluation logged at its training step after a long pause is not that: its
-    evaluation loss last logged an earlier step (an epoch counter in both records alone
-    does not make it one). Decided from the records up to ``at``, so a replay and a
-    check agree."""
-    same = 0
+    """Whether the record at ``at``, the first after a silence and at the highest step
+    so far, writes again the last record before it: every series but ``source`` (the one
+    progress is read from) and ``step`` that logs at ``at`` logs ``step`` there and had
+    logged ``step`` last, as a process resumed from the checkpoint of its last logged
+    step does (series written at slightly different times, as TensorBoard's scalars are,
+    are judged by the first); a record of the step alone (a step line with no metric) is
+    that step written again. An evaluation logged at its training step after a long
+    pause is not that: its evaluation loss last logged an earlier step (an epoch counter
+    in both records alone does not make it one). Decided from the records up to ``at``,
+    so a replay and a check agree."""
     for name, s in series.items():
         if s is source or name == "step" or name.startswith(NOT_PROGRESS) or not len(s):
             continue
@@ -126,8 +126,7 @@ def logged_again(series: dict[str, Series], source: Series | None, at: float,
             continue  # not in that record
         if j == 0 or s.step[j] != step or s.step[j - 1] != step:
             return False
-        same += 1
-    return same > 0
+    return True
 
 
 def resumes(prog: Series, job: Job | None = None) -> np.ndarray:

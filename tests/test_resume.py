@@ -280,20 +280,22 @@ def _down_then(job: Job, repeat: bool) -> Job | None:
 
 @pytest.mark.realdata
 def test_real_runs_resumed_at_their_last_step_are_not_stalls() -> None:
-    """Every healthy and spiky run of ``runs`` on a time axis, taken down for hours after
+    """Every healthy and spiky run on a time axis (of ``runs``, and every twentieth of
+    ``curves``: modded-nanogpt's step lines carry no metric), taken down for hours after
     60 % of its records: coming back by writing its last record again, it is a resume
     (``replay`` calls the silence down, no stall); coming back at the next step, the
-    silence is a stall (critical), as it must be. A log whose step lines carry no metric
-    (modded-nanogpt's) has no series to tell such a resume by (README), so ``curves`` is
-    not used here."""
-    from tests.corpora import RUNS
+    silence is a stall (critical), as it must be."""
+    from tests.corpora import CURVES, RUNS
     from trainguard.bench.harness import load
     from trainguard.bench.labels import read_labels
 
-    if not (RUNS / "labels.csv").is_file():
-        pytest.skip(f"real runs not found at {RUNS} (lay ../shared/data beside the checkout)")
+    for root in (RUNS, CURVES):
+        if not (root / "labels.csv").is_file():
+            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the "
+                        "checkout)")
     judged, wrong = 0, []
-    for row in read_labels(RUNS / "labels.csv"):
+    for row in [r for root, every in ((RUNS, 1), (CURVES, 20))
+                for r in read_labels(root / "labels.csv")[::every]]:
         job = load(row)
         if job.clock == "step" or row.label not in ("healthy", "spiky"):
             continue
@@ -306,4 +308,22 @@ def test_real_runs_resumed_at_their_last_step_are_not_stalls() -> None:
                       if h.rule == "stall" and h.worst is Severity.CRITICAL]
             if bool(stalls) == repeat:
                 wrong.append((row.run, repeat))
-    assert judged >= 10 and not wrong, (judged, wrong)
+    assert judged >= 40 and not wrong, (judged, wrong)
+
+
+def test_a_step_line_alone_written_again_after_a_silence_is_a_resume(tmp_path: Path) -> None:
+    """A log whose step lines carry no metric (a validation loss now and then): the
+    resumed process's first line is the last step's line again, with nothing else to
+    tell it by. Read by the real JSON-lines reader."""
+    steps = [*range(1, 26), *range(25, 31)]
+    times = [T0 + e * EPOCH_S for e in range(1, 26)]
+    times += [times[-1] + DOWN_S + i * EPOCH_S for i in range(1, 7)]
+    lines: list[dict[str, float]] = [{"step": s, "time": t}
+                                     for s, t in zip(steps, times, strict=True)]
+    for x in lines[4::5]:
+        x["val_loss"] = 2.0 / x["step"] ** 0.5
+    job = _lines_job(tmp_path, lines)
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == [25]
+    assert _stall(job, times[25] + 60.0) == []
+    assert not [h for h in replay(job, Policy()).histories if h.rule == "stall"]
