@@ -114,16 +114,18 @@ def logged_again(series: dict[str, Series], source: Series | None, at: float,
     logged ``step`` last, as a process resumed from the checkpoint of its last logged
     step does (series written at slightly different times, as TensorBoard's scalars are,
     are judged by the first); a record of the step alone (a step line with no metric) is
-    that step written again. An evaluation logged at its training step after a long
-    pause is not that: its evaluation loss last logged an earlier step (an epoch counter
-    in both records alone does not make it one). Decided from the records up to ``at``,
-    so a replay and a check agree."""
+    that step written again, a heartbeat (``NOT_PROGRESS``) is not. An evaluation logged
+    at its training step after a long pause is not that: its evaluation loss last logged
+    an earlier step (an epoch counter in both records alone does not make it one).
+    Decided from the records up to ``at``, so a replay and a check agree."""
     for name, s in series.items():
-        if s is source or name == "step" or name.startswith(NOT_PROGRESS) or not len(s):
+        if s is source or name == "step" or not len(s):
             continue
         j = int(np.searchsorted(s.time, at, "left"))
         if j >= len(s) or s.time[j] != at:
             continue  # not in that record
+        if name.startswith(NOT_PROGRESS):
+            return False  # a heartbeat or a pause's end: the process went on, no resume
         if j == 0 or s.step[j] != step or s.step[j - 1] != step:
             return False
     return True

@@ -327,3 +327,21 @@ def test_a_step_line_alone_written_again_after_a_silence_is_a_resume(tmp_path: P
     assert prog is not None and cost.resumes(prog, job).tolist() == [25]
     assert _stall(job, times[25] + 60.0) == []
     assert not [h for h in replay(job, Policy()).histories if h.rule == "stall"]
+
+
+def test_heartbeats_through_a_hung_evaluation_are_no_resume(tmp_path: Path) -> None:
+    """A step every 5 s, then an evaluation that hangs while a heartbeat thread goes on
+    logging every 30 s, at the step it is at. A heartbeat repeats the step after a
+    silence six times the run's cadence, as a resume's first record would, but it is no
+    record of the run: the hung evaluation is still a stall past the pause cap.
+    (``trainguard.emit``'s heartbeats carry no step; a logger of one's own may.)"""
+    lines: list[dict[str, float]] = [
+        {"step": s, "time": T0 + 5 * s, "loss": 2.0 / s ** 0.5} for s in range(1, 301)]
+    beats = [T0 + 1501 + 30 * k for k in range(141)]  # 70 minutes of heartbeats
+    lines += [{"step": 300, "time": b, "heartbeat": b - T0 - 1501} for b in beats]
+    job = _lines_job(tmp_path, lines)
+    assert len(job.series["heartbeat"]) == len(beats)
+    prog = cost.progress(job)
+    assert prog is not None and cost.resumes(prog, job).tolist() == []
+    (f,) = _stall(job, beats[-1] + 5.0)
+    assert f.severity is Severity.CRITICAL
