@@ -46,14 +46,18 @@ def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
     out = []
     for severity, seconds in ((Severity.WARNING, threshold),
                               (Severity.CRITICAL, int(threshold * p.critical_factor))):
-        # A series with no value `seconds` ago is not judged: a job that just started
-        # cannot have stalled for that long.
-        expr = f"(trainguard_step - trainguard_step offset {seconds}s) <= 0"
+        # No change of the step for `seconds`. A series with no value `seconds` ago is not
+        # judged: a job that just started cannot have stalled for that long. A change
+        # down counts: a pod restarted and resumed from an earlier checkpoint is making
+        # progress below the step it had reached (a difference would read it as a stall
+        # until it passed that step again).
+        expr = (f"changes(trainguard_step[{seconds}s]) == 0 "
+                f"and trainguard_step offset {seconds}s")
         out.append((severity, _alert(
             f"TrainguardStall{severity.value.title()}", expr, severity, 0, "stall",
             "training job {{ $labels.pod }} made no progress for "
             f"{seconds // 60} min",
-            "trainguard_step of {{ $labels.namespace }}/{{ $labels.pod }} has not risen "
+            "trainguard_step of {{ $labels.namespace }}/{{ $labels.pod }} has not changed "
             f"in {seconds} s (stall rule: min_seconds={p.min_seconds:g}, "
             f"unlearnt_seconds={p.unlearnt_seconds:g}, "
             f"critical_factor={p.critical_factor:g}).")))

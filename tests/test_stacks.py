@@ -450,12 +450,17 @@ def test_promtool_check_and_test_rules(tmp_path: Path) -> None:
             {"series": 'trainguard_step{pod="hung"}', "values": "100x70"},
             {"series": 'trainguard_step{pod="healthy"}', "values": "0+10x70"},
             # a job that started 10 minutes ago and has not stepped yet: too young to judge
-            {"series": 'trainguard_step{pod="young"}', "values": "_x60 0x10"}],
+            {"series": 'trainguard_step{pod="young"}', "values": "_x60 0x10"},
+            # restarted at minute 40, down 10 minutes, resumed from its step-200 checkpoint
+            # and stepping again, below the 400 it had reached: progress, not a stall
+            {"series": 'trainguard_step{pod="resumed"}', "values": "0+10x40 _x10 200+10x20"}],
          "alert_rule_test": [
             {"eval_time": "20m", "alertname": "TrainguardStallWarning", "exp_alerts": []},
             {"eval_time": "35m", "alertname": "TrainguardStallWarning",
              "exp_alerts": [alert(warn, "stall", pod="hung")]},
             {"eval_time": "35m", "alertname": "TrainguardStallCritical", "exp_alerts": []},
+            {"eval_time": "60m", "alertname": "TrainguardStallWarning",
+             "exp_alerts": [alert(warn, "stall", pod="hung")]},
             {"eval_time": "65m", "alertname": "TrainguardStallCritical",
              "exp_alerts": [alert(crit, "stall", pod="hung")]}]},
         {"interval": "30s", "input_series": [
