@@ -155,14 +155,17 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
     return np.flatnonzero(found) + 1
 
 
-def update_times(prog: Series, job: Job | None = None) -> FloatArray:
+def update_times(prog: Series, job: Job | None = None,
+                 back: np.ndarray | None = None) -> FloatArray:
     """When progress was made: the times of the records that raised the step beyond every
     step before them (a repeated or lower step is no progress). After a resume from a
-    checkpoint (``resumes``, told by ``job`` where given) the count starts again: the
-    resumed process's first record and every step it raises are progress."""
+    checkpoint (``back``, or ``resumes`` told by ``job`` where given) the count starts
+    again: the resumed process's first record and every step it raises are progress."""
     if not len(prog):
         return np.empty(0)
-    starts = [0, *resumes(prog, job).tolist(), len(prog)]
+    if back is None:
+        back = resumes(prog, job)
+    starts = [0, *back.tolist(), len(prog)]
     rises = np.empty(len(prog), dtype=bool)
     for a, b in itertools.pairwise(starts):
         best = np.maximum.accumulate(prog.step[a:b])

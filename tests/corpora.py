@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.adapters.local import load_run, parse_metric_option
+from trainguard.bench.labels import Labelled, read_labels
 from trainguard.checker.model import Job
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -28,6 +29,17 @@ def rows() -> list[tuple[Path, dict[str, str]]]:
             pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the checkout)")
         with open(root / "labels.csv", newline="") as fh:
             out += [(root, r) for r in list(csv.DictReader(fh))[::every]]
+    return out
+
+
+def labelled() -> list[Labelled]:
+    """The same runs as ``rows``, read by the bench's own labels reader (a run's path,
+    format and metrics resolved as ``trainguard bench`` reads them)."""
+    out: list[Labelled] = []
+    for root, every in ((RUNS, 1), (CURVES, 20)):
+        if not (root / "labels.csv").is_file():
+            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the checkout)")
+        out += read_labels(root / "labels.csv")[::every]
     return out
 
 

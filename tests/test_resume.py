@@ -285,17 +285,11 @@ def test_real_runs_resumed_at_their_last_step_are_not_stalls() -> None:
     60 % of its records: coming back by writing its last record again, it is a resume
     (``replay`` calls the silence down, no stall); coming back at the next step, the
     silence is a stall (critical), as it must be."""
-    from tests.corpora import CURVES, RUNS
+    from tests.corpora import labelled
     from trainguard.bench.harness import load
-    from trainguard.bench.labels import read_labels
 
-    for root in (RUNS, CURVES):
-        if not (root / "labels.csv").is_file():
-            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the "
-                        "checkout)")
     judged, wrong = 0, []
-    for row in [r for root, every in ((RUNS, 1), (CURVES, 20))
-                for r in read_labels(root / "labels.csv")[::every]]:
+    for row in labelled():
         job = load(row)
         if job.clock == "step" or row.label not in ("healthy", "spiky"):
             continue

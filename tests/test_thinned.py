@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from tests import bench_scripts
-from tests.corpora import CURVES, RUNS
-from trainguard.bench.labels import read_labels
+from tests.corpora import labelled
 from trainguard.checker import Policy
 from trainguard.checker.model import Job, JobState, Series
 from trainguard.replay import replay
@@ -63,14 +62,8 @@ def test_no_healthy_or_spiky_real_run_is_alarmed_when_logged_every_2nd_3rd_or_5t
     either). At every 5th record a resumed text log's resume repeats its last logged
     step, which was read as a stall before ``checker.cost.logged_again``; at every 10th
     the resume is not in the log at all (README), so the bar stops at the 5th."""
-    for root in (RUNS, CURVES):
-        if not (root / "labels.csv").is_file():
-            pytest.skip(f"real runs not found at {root} (lay ../shared/data beside the "
-                        "checkout)")
-    rows = [r for root, every in ((RUNS, 1), (CURVES, 20))
-            for r in read_labels(root / "labels.csv")[::every]]
     judged, alarmed = 0, []
-    for row in rows:
+    for row in labelled():
         if row.label not in ("healthy", "spiky"):
             continue
         for k, phase in ((2, 0), (2, 1), (3, 0), (3, 2), (5, 0), (5, 4)):

@@ -259,7 +259,7 @@ class Cadence:
         if not len(pre):
             return c
         back = resumes(pre, job)
-        times = update_times(pre, job)
+        times = update_times(pre, back=back)
         resumed = pre.time[back]
         ts = times[warmup - 1:]
         gaps = np.diff(ts) if len(times) > warmup else np.empty(0)
