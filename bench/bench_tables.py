@@ -97,6 +97,16 @@ def tables(data: dict[str, Any]) -> str:
             f" and {len(c['detail']) - 4} more" if len(c["detail"]) > 4 else "")
         out.append(f"| {mark} | {c['what']} | {c['result']} | {broke} |")
     out.append("")
+    calls = data.get("judgement_calls") or []
+    if calls:
+        out.append("Judgement calls (labels marked UNSURE in the labels file: shown here, "
+                   "counted nowhere above):\n")
+        out.append("| run | label | trainguard | agrees | tools that fired |")
+        out.append("|---|---|---|---|---|")
+        for c in calls:
+            out.append(f"| `{c['run']}` | {c['label']} | {c['trainguard']} | "
+                       f"{'yes' if c['agrees'] else 'no'} | {', '.join(c['fired']) or 'none'} |")
+        out.append("")
     weaker = [h for h in data["head_to_head"]
               if h["verdict"].startswith(("anchor better", "mixed"))]
     out.append("Where a tool did better than trainguard, or the comparison is mixed:\n")

@@ -155,21 +155,42 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
     return np.flatnonzero(found) + 1
 
 
+def fruitless(prog: Series, back: np.ndarray) -> np.ndarray:
+    """Per resume in ``back``: its process logged no step beyond the one it resumed at
+    before the next resume (or up to now, for the last)."""
+    ends = [*back[1:].tolist(), len(prog)]
+    return np.array([not (b > a + 1 and float(np.max(prog.step[a + 1:b])) > prog.step[a])
+                     for a, b in zip(back.tolist(), ends, strict=True)], dtype=bool)
+
+
+def counted_resumes(prog: Series, back: np.ndarray) -> np.ndarray:
+    """The resumes in ``back`` that are progress: not those that follow a resume whose
+    process got no further. A restart loop (each process writes its checkpoint's record
+    again and dies) is one long silence from its first resume, not a string of fresh
+    starts, each of which would hide the one before."""
+    if not len(back):
+        return back
+    dead = fruitless(prog, back)
+    return back[np.r_[True, ~dead[:-1]]]
+
+
 def update_times(prog: Series, job: Job | None = None,
                  back: np.ndarray | None = None) -> FloatArray:
     """When progress was made: the times of the records that raised the step beyond every
     step before them (a repeated or lower step is no progress). After a resume from a
     checkpoint (``back``, or ``resumes`` told by ``job`` where given) the count starts
-    again: the resumed process's first record and every step it raises are progress."""
+    again: the resumed process's first record and every step it raises are progress,
+    unless the process resumed before it got no further (``counted_resumes``)."""
     if not len(prog):
         return np.empty(0)
     if back is None:
         back = resumes(prog, job)
+    counted = set(counted_resumes(prog, back).tolist())
     starts = [0, *back.tolist(), len(prog)]
     rises = np.empty(len(prog), dtype=bool)
     for a, b in itertools.pairwise(starts):
         best = np.maximum.accumulate(prog.step[a:b])
-        rises[a] = True
+        rises[a] = a == 0 or a in counted
         np.greater(best[1:], best[:-1], out=rises[a + 1:b])
     return prog.time[rises]
 

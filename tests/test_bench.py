@@ -289,3 +289,37 @@ def test_a_run_ending_at_its_first_nan_is_counted_apart_in_the_bar(corpus: Path)
     assert not check["passed"] and check["detail"] == ["late.csv"]
     assert _head(data, "trainguard divergence")["recall"] == 0.5
     assert _head(data, "keras_terminate_on_nan")["recall"] == 1.0
+
+
+def test_a_label_marked_unsure_is_shown_apart_and_counted_nowhere(corpus: Path) -> None:
+    """The runs corpus's SOURCES.md: labels marked UNSURE in their notes are "judgement
+    calls, not ground truth to fit". Here the flat run is (wrongly, for the test) labelled
+    diverged and marked UNSURE: it must not lower recall or break the bar, and the
+    judgement-call table says what trainguard and the tools concluded on it."""
+    (corpus / "labels.csv").write_text(
+        "run,label,onset_step,target_metric,notes\n"
+        "diverged.csv,diverged,100,loss,NaN from step 100\n"
+        'flat.csv,diverged,0,loss,"never moves; UNSURE (could be a dead run)"\n'
+        "healthy.csv,healthy,,loss,\n")
+    data = _json(corpus)
+    tg = _head(data, "trainguard divergence")
+    assert (tg["bad"]["runs"], tg["bad"]["flagged"]) == (1, 1)
+    [check] = [c for c in data["bar"] if c["what"] == "every diverged run flagged critical"]
+    assert check["passed"] and check["result"] == "1/1"
+    [call] = data["judgement_calls"]
+    assert (call["run"], call["label"], call["agrees"]) == ("flat.csv", "diverged", False)
+    # what trainguard did say: no divergence, a plateau warning
+    assert call["trainguard"].startswith("no divergence finding; plateau warning")
+    assert call["fired"] == [] and "keras_terminate_on_nan" in call["silent"]
+    # still judged, and in the JSON's cases
+    assert _case(data, "flat.csv")["unsure"] is True
+    assert data["cases"] == 3
+    table = _bench(corpus / "labels.csv", "--policy", corpus / "policy.yaml").output
+    assert "Judgement calls" in table and "flat.csv" in table
+    assert "1 of the runs have a label marked UNSURE" in table
+    # without the word, the same row counts: recall falls to 1/2
+    (corpus / "labels.csv").write_text(
+        (corpus / "labels.csv").read_text().replace("UNSURE", "unsure-ish"))
+    data = _json(corpus)
+    assert _head(data, "trainguard divergence")["bad"]["runs"] == 2
+    assert data["judgement_calls"] == []

@@ -245,3 +245,15 @@ def test_a_stall_found_after_the_bound_is_found_late_not_missed(tmp_path: Path) 
     assert head["bad"]["flagged"] == 1
     [bound] = [c for c in data["bar"] if c["what"].startswith("every stall found within")]
     assert not bound["passed"] and bound["detail"] == ["stalled.csv"]
+
+
+def test_the_word_unsure_in_the_notes_marks_a_judgement_call(tmp_path: Path) -> None:
+    _csv(tmp_path / "a.csv", _falling(20))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("run,label,notes\na.csv,healthy,\"n=20; UNSURE (short)\"\n"
+                      "b.csv,flat,reads as UNSUREly flat\nc.csv,diverged,unsure\n")
+    for name in ("b.csv", "c.csv"):
+        _csv(tmp_path / name, _falling(20))
+    rows = read_labels(labels)
+    # the word itself, in capitals, as the corpus writes it; not a part of another word
+    assert [r.unsure for r in rows] == [True, False, False]

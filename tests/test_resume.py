@@ -339,3 +339,86 @@ def test_heartbeats_through_a_hung_evaluation_are_no_resume(tmp_path: Path) -> N
     assert prog is not None and cost.resumes(prog, job).tolist() == []
     (f,) = _stall(job, beats[-1] + 5.0)
     assert f.severity is Severity.CRITICAL
+
+
+def _loop_lines(loops: int, every_s: float, then: int = 0, before: int = 25,
+                cadence_s: float = EPOCH_S) -> list[dict[str, float]]:
+    """Steps 1..``before`` every ``cadence_s`` (epochs every 8 min); then a restart loop:
+    every ``every_s`` a new process resumes from the last step's checkpoint, writes its
+    record again and dies, ``loops`` times; then, with ``then``, one that goes on."""
+    lines = [{"step": s, "time": T0 + s * cadence_s, "loss": 2.0 / s ** 0.5}
+             for s in range(1, before + 1)]
+    t = T0 + before * cadence_s
+    for _ in range(loops):
+        t += every_s
+        lines.append({"step": before, "time": t, "loss": 2.0 / before ** 0.5})
+    for s in range(before + 1, before + 1 + then):
+        t += cadence_s
+        lines.append({"step": s, "time": t, "loss": 2.0 / s ** 0.5})
+    return lines
+
+
+def test_a_restart_loop_is_one_stall_from_its_first_resume(tmp_path: Path) -> None:
+    """Each process of a restart loop (an OOM at the first batch, say) writes its
+    checkpoint's record again and dies. Each record is a resume, and a resume is
+    progress, so before this every restart hid the silence before it: the stall
+    started again from zero every 45 minutes, and a ``check`` or a ``replay`` made just
+    after a restart saw nothing at all. A resume whose process before got no further is
+    no progress: the silence runs from the loop's first resume."""
+    job = _lines_job(tmp_path, _loop_lines(loops=6, every_s=45 * 60.0))
+    resumed = [float(t) for t in job.series["step"].time[25:]]
+    (f,) = _stall(job, resumed[2] + 60.0)  # a minute after the third restart
+    assert f.severity is Severity.CRITICAL
+    assert f.evidence["silence_s"] == pytest.approx(resumed[2] + 60.0 - resumed[0])
+    assert f.evidence["resumes_without_progress"] == 3
+    assert "resumed 3 times without getting past step 25: a restart loop" in f.message
+    (h,) = [h for h in replay(job, Policy()).histories if h.rule == "stall"]
+    assert h.worst is Severity.CRITICAL
+    # the first resume is a fresh start, as before: no stall a minute after it
+    assert _stall(job, resumed[0] + 60.0) == []
+
+
+@pytest.mark.parametrize("then", [3, 40])  # the first steps after it read one by one, or
+def test_a_followed_restart_loop_is_judged_as_one_judged_afresh(   # learnt again
+        tmp_path: Path, then: int) -> None:
+    """The stall rule reads a followed run's records beyond its learnt prefix one at a
+    time (``Cadence.read``; the prefix is relearnt at block boundaries, so the run is
+    longer than ``max_points``); with ``max_points`` beyond the run it learns them all
+    at once (``Cadence.learn``): both must count the loop, and the gaps they learn, the
+    same, at every record of the loop and after, and every five minutes between."""
+    from tests.told import Teller
+    from trainguard.checker.follow import Followers
+    from trainguard.checker.rules.base import Context
+    from trainguard.checker.rules.stall import Stall
+
+    job = _lines_job(tmp_path, _loop_lines(loops=4, every_s=50 * 60.0, then=then,
+                                           before=1500, cadence_s=10.0))
+    times = job.series["step"].time[1490:]
+    ticks = np.union1d(times, np.arange(times[0], times[-1] + 3 * 3600.0, 300.0))
+    followers, followed, fresh = Followers(), Stall(), Stall({"max_points": 10**6})
+    teller, policy, seen = Teller(followers), Policy(), 0
+    for t in ticks.tolist():
+        cut = teller.cut(job, t)
+        a = followers.check(followed, cut, Context(now=t, policy=policy, jobs=[cut]))
+        b = fresh.check(cut, Context(now=t, policy=policy, jobs=[cut]))
+        assert [(f.severity, f.message, f.evidence) for f in a] == \
+            [(f.severity, f.message, f.evidence) for f in b], t
+        seen += any("restart loop" in f.message for f in b)
+    assert seen > 10
+    # the hours of the loop are no gap of the job's own: a hang after it is judged on
+    # the learnt 10-second cadence (the 300 s floor), not on hours
+    (f,) = b
+    assert "restart loop" not in f.message and f.evidence["threshold_s"] == 300.0
+
+
+def test_after_a_restart_loop_ends_the_down_time_is_not_learnt(tmp_path: Path) -> None:
+    """Two restarts that got nowhere, then a process that trains on: progress again, and
+    the hours of the loop are not one of the job's own update gaps (which would raise
+    every later threshold to hours)."""
+    job = _lines_job(tmp_path, _loop_lines(loops=3, every_s=60 * 60.0, then=30))
+    last = float(job.series["step"].time[-1])
+    assert _stall(job, last + 60.0) == []
+    (f,) = _stall(job, last + 3 * 3600.0)  # and then it hangs
+    assert f.severity is Severity.CRITICAL
+    assert f.evidence["threshold_s"] < 3600.0
+    assert "restart loop" not in f.message

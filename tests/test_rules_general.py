@@ -98,6 +98,7 @@ def test_a_short_run_at_chance_level_with_chance_accuracy_is_not_learning() -> N
     (f,) = judged(job_of({"val_loss": (steps, loss), "val_acc": (steps, acc)}), "plateau")
     assert f.severity is Severity.WARNING and f.evidence["kind"] == "chance"
     assert f.evidence["classes"] == k
+    assert "sits at chance level ln 8" in f.message, f.message
 
 
 def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None:
@@ -149,6 +150,8 @@ def test_an_accuracy_near_one_third_on_a_falling_loss_is_not_chance() -> None:
     (f,) = judged(job_of({"train/loss": (epochs, level),
                           "metrics/accuracy_top1": (epochs, flat_acc)}), "plateau")
     assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 3
+    # 2.2 is above ln 3 = 1.099 by far: the finding says worse than chance, not "at" it
+    assert "no better than chance level ln 3" in f.message, f.message
 
 
 def test_a_held_out_loss_of_few_points_leaves_the_verdict_to_the_training_loss() -> None:

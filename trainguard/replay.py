@@ -256,9 +256,12 @@ class Cuts:
         # Where the log resumes from a checkpoint, the job was down from its record before
         # to the resume (a live watchdog would have seen the first process end); the cuts
         # in between say so instead of calling the job running. Hindsight, stated as such.
+        # Not before a resume that follows one whose process got no further: a restart
+        # loop is a stall from its first resume (``cost.counted_resumes``).
         prog = cost.progress(job)
         self.down = [] if prog is None else [
-            (float(prog.time[i - 1]), float(prog.time[i])) for i in cost.resumes(prog, job)]
+            (float(prog.time[i - 1]), float(prog.time[i]))
+            for i in cost.counted_resumes(prog, cost.resumes(prog, job))]
         # what changed from the cut before to the last one made
         self.grown: set[str] = set()
         self.logs_grown = self.state_changed = True

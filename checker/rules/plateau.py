@@ -208,9 +208,12 @@ class Plateau(Rule):
         chance = self._chance(job, raw, v) if mode == "min" else None
         if chance is not None:
             k, ln_k, acc = chance
+            # above the band, only with an accuracy at 1/K: worse than chance, not at it
+            where = ("sits at" if np.median(v) <= ln_k * (1 + p.chance_band)
+                     else "is no better than")
             return [self._finding(
                 job, s, int(idx[0]), Severity.WARNING, "chance",
-                f"{s.name} sits at chance level ln {k} = {ln_k:.4g} for the whole run"
+                f"{s.name} {where} chance level ln {k} = {ln_k:.4g} for the whole run"
                 + (f" (accuracy {acc:.3g} ~ 1/{k})" if acc is not None else "")
                 + ": not learning",
                 {"classes": k, "chance_loss": ln_k, "accuracy": acc, "points": len(v)})]

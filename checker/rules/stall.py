@@ -30,6 +30,7 @@ import numpy as np
 
 from trainguard.checker.cost import (
     RESUME_GAP_FACTOR,
+    fruitless,
     logged_again,
     progress_source,
     resumes,
@@ -175,11 +176,17 @@ class Stall(Rule):
         }
         if util is not None:
             evidence["gpu_util_during_silence"] = util
+        loop = ""
+        if c is not None and c.loop > 1:
+            # each process wrote its checkpoint's record again and got no further
+            evidence["resumes_without_progress"] = c.loop
+            loop = (f"; its log resumed {c.loop} times without getting past step "
+                    f"{c.best:g}: a restart loop")
         return [Finding(
             job_id=job.id, rule=self.name, severity=severity,
             message=(f"no progress for {_span(silence)}"
                      f"{' since its restart' if restarted is not None else ''} "
-                     f"(threshold {_span(thr)}, last step {last_step:g}): {why}"),
+                     f"(threshold {_span(thr)}, last step {last_step:g}{loop}): {why}"),
             started_at=last, step=last_step if np.isfinite(last_step) else None,
             evidence=evidence,
         )]
@@ -248,6 +255,8 @@ class Cadence:
         self.prev_time = math.nan  # the last record with a step (for its gap)
         self.top = -math.inf  # the highest step so far
         self.best = -math.inf  # the highest step since the last resume
+        self.loop = 0  # resumes since the last step beyond the one resumed at
+        self.skip_gap = False  # the next update's gap spans a resume that was no progress
 
     @classmethod
     def learn(cls, job: Job, src: Series, upto: int, mark: tuple[Any, ...],
@@ -264,7 +273,14 @@ class Cadence:
         ts = times[warmup - 1:]
         gaps = np.diff(ts) if len(times) > warmup else np.empty(0)
         if len(resumed) and len(gaps):
-            gaps = gaps[~np.isin(ts[1:], resumed)]
+            # a gap with a resume in it spans the time the job was down
+            spans = (np.searchsorted(resumed, ts[1:], "right")
+                     > np.searchsorted(resumed, ts[:-1], "right"))
+            gaps = gaps[~spans]
+        if len(back):  # as ``read`` would have left them: resumes since the last rise
+            alive = np.flatnonzero(~fruitless(pre, back))
+            c.loop = len(back) - (int(alive[-1]) + 1 if len(alive) else 0)
+            c.skip_gap = c.loop > 1
         c.count = len(gaps)
         c.few = gaps[:FEW].tolist()
         if len(gaps):
@@ -294,16 +310,24 @@ class Cadence:
                 s < self.top or (s == self.top and logged_again(job.series, src, t, s)))
             self.prev_time = t
             self.top = max(self.top, s)
-            if resumed or s > self.best:
+            if resumed:
                 self.best = s
+                self.loop += 1
+                if self.loop > 1:  # the process resumed before got no further: no start
+                    self.skip_gap = True
+                    continue
+            elif s > self.best:
+                self.best = s
+                self.loop = 0
             else:
                 continue  # no progress
-            if self.updates >= warmup and not resumed:
+            if self.updates >= warmup and not resumed and not self.skip_gap:
                 gap = t - self.last_update
                 self.count += 1
                 if len(self.few) < FEW:
                     self.few.append(gap)
                 self.longest = max(self.longest, gap)
+            self.skip_gap = False
             if not self.updates:
                 self.first_update = t
             self.updates += 1

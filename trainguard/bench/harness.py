@@ -27,6 +27,10 @@ healthy or spiky case anything it does is a false alarm.
 Every number is given per label and, with ``by_family``, per family too (the labels
 file's ``family`` column): a rule that only works on one family shows it.
 
+A label its author marked ``UNSURE`` (``trainguard.bench.labels``) is a judgement call, not
+ground truth to fit: its run is judged like any other and shown apart (``calls``: what
+trainguard and every tool of its kind concluded), and left out of every count and the bar.
+
 Savings, at one stated hourly price for every run (default: one Azure
 Standard_ND96isr_H100_v5, 8 x H100, from the price book): for a diverged or flat run,
 from detection to the run's last record; for a stalled run, from detection to the
@@ -177,6 +181,7 @@ class Case:
     anchors: dict[str, Detection | None] = field(default_factory=dict)
     anchor_errors: dict[str, str] = field(default_factory=dict)
     note: str = ""
+    unsure: bool = False  # a judgement call: shown apart, not counted
     katib_series: Series | None = None  # the watched metric, for Katib in the main process
 
     def detection(self, detector: str) -> Detection | None:
@@ -384,7 +389,7 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
         experiment="|".join(row.group), family=row.family, clock=job.clock, metric=metric,
         start_time=start if judge.timed else None, end_time=last if judge.timed else None,
         end_step=prog.step_at(math.inf), onset_step=onset_step, onset_time=onset_time,
-        note=fault.note if fault else "",
+        note=fault.note if fault else "", unsure=row.unsure and fault is None,
     )
     case.first_nonfinite_step, case.log_interval_steps = _first_nonfinite(job)
     if fault is None and row.onset_step is not None and metric in job.series:
@@ -888,16 +893,63 @@ class Bench:
     policy: str
     settings: Settings
     runs: int
-    cases: list[Case]
+    cases: list[Case]  # every case, judgement calls included
     rows: list[Row]
     heads: list[HeadToHead]
     checks: list[Check]
     skipped: list[str]  # injected faults a run was too short to carry
+    calls: list[Call] = field(default_factory=list)  # UNSURE labels: shown, not counted
     elapsed_s: float = 0.0
 
 
-def summarise(labels: str, policy: str, rows_in: list[Labelled], cases: list[Case],
+@dataclass(frozen=True)
+class Call:
+    """A run whose label is a judgement call, and what each detector concluded on it: on a
+    failure label, trainguard's rule of that kind and the tools competing with it; on a
+    healthy or spiky one, every detector (anything it flags would be a false alarm)."""
+
+    run: str
+    label: str
+    family: str
+    trainguard: str  # what trainguard concluded, in words
+    agrees: bool  # trainguard concluded what the label says
+    fired: list[str]  # the tools that fired
+    silent: list[str]  # the tools that did not
+
+
+def _said(d: Detection) -> str:
+    where = f" at step {d.step:g}" if d.step is not None else ""
+    return f"{d.severity}{where}: {d.reason}"
+
+
+def call(c: Case) -> Call:
+    kind = KIND_OF_LABEL.get(c.label)
+    names = [n for n, k in detectors() if kind is None or k == kind]
+    tools = list(dict.fromkeys(n for n in names if tg_kind(n) is None))
+    fired = [n for n in tools if c.detection(n) is not None]
+    if kind is not None:
+        d = c.detection(tg_name(kind))
+        seen = d or c.trainguard.get(kind, {}).get("warning")
+        if seen is None:  # what the other rules made of it
+            said = "; ".join([f"no {kind} finding"] + [
+                f"{k} {_said(w)}" for k, levels in c.trainguard.items()
+                if (w := levels.get("critical") or levels.get("warning")) is not None])
+        else:
+            said = f"{kind} {_said(seen)}" + ("" if d is not None else
+                f" (not counted: {c.label} needs {JUDGES[kind].min_severity.value})")
+        agrees = d is not None
+    else:
+        flagged = [k for k in JUDGES if c.detection(tg_name(k)) is not None]
+        said = ("; ".join(f"{k} {_said(d)}" for k in flagged
+                          if (d := c.detection(tg_name(k))) is not None) or "nothing flagged")
+        agrees = not flagged
+    return Call(c.run, c.label, c.family, said, agrees, fired,
+                [n for n in tools if n not in fired])
+
+
+def summarise(labels: str, policy: str, rows_in: list[Labelled], every: list[Case],
               settings: Settings) -> Bench:
+    cases = [c for c in every if not c.unsure]
     heads = head_to_head(cases, settings)
     skipped: list[str] = []
     if settings.inject:
@@ -905,8 +957,9 @@ def summarise(labels: str, policy: str, rows_in: list[Labelled], cases: list[Cas
         skipped = [f"{c.run}#{k}" for c in cases if c.injected is None
                    and c.label == "healthy" and c.clock != "step"
                    for k in INJECTORS if (c.run, k) not in have]
-    return Bench(labels, policy, settings, len(rows_in), cases, detail_rows(cases, settings),
-                 heads, bar_checks(cases, heads), skipped)
+    return Bench(labels, policy, settings, len(rows_in), every, detail_rows(cases, settings),
+                 heads, bar_checks(cases, heads), skipped,
+                 [call(c) for c in every if c.unsure])
 
 
 @dataclass(frozen=True)
@@ -927,7 +980,7 @@ def disagreements(cases: list[Case], limit: int = 8) -> list[Disagreement]:
     used: set[str] = set()
     for c in cases:
         for name, kind in detectors():
-            if tg_kind(name) is not None or kind == "stall" or c.id in used:
+            if tg_kind(name) is not None or kind == "stall" or c.id in used or c.unsure:
                 continue
             tg = c.detection(tg_name(kind)) is not None
             other = c.detection(name) is not None

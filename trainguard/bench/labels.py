@@ -21,6 +21,10 @@ other columns may be absent or empty.
 ``metrics``       a text log's metric definitions, ``NAME=REGEX`` joined by ``;``, one
                   capture group each; ``step`` gives the step (``adapters.local``); empty:
                   the default definitions
+``notes``         free text; the word ``UNSURE`` in it marks the label a judgement call
+                  (the runs corpus's SOURCES.md: "not as ground truth to fit"): ``bench``
+                  shows what every detector concludes on such a run, apart, and leaves it
+                  out of recall, false alarms and the bar
 
 Every problem is reported as ``FILE:LINE: column: reason``, all at once.
 """
@@ -47,6 +51,8 @@ REQUIRED = ("run", "label")
 FORMAT_ALIASES = {"json": "hf"}
 #: The family of a run at the labels file's own level (no folder to name it by).
 NO_FAMILY = "(none)"
+#: A label its author was not sure of, in the ``notes`` column.
+_UNSURE = re.compile(r"\bUNSURE\b")
 #: Where one definition ends in a ``metrics`` cell: a ``;`` before the next ``NAME=``.
 _NEXT_DEFINITION = re.compile(r";(?=\s*[A-Za-z_][\w.]*\s*=)")
 T = TypeVar("T")
@@ -63,6 +69,7 @@ class Labelled:
     family: str = NO_FAMILY
     metrics: tuple[MetricDefinition, ...] = ()  # a text log's definitions; () the defaults
     labels: Path | None = None  # the labels file it was read from
+    unsure: bool = False  # a judgement call: shown apart, not counted
 
     @property
     def where(self) -> str:
@@ -252,6 +259,7 @@ class _Row:
             target_value=self.cell("target_value", _finite),
             final_value=self.cell("final_value", _finite),
             reached=self.cell("reached", _bool),
+            unsure=_UNSURE.search(self.get("notes")) is not None,
         )
         return None if self.problems else item
 

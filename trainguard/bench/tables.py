@@ -3,8 +3,9 @@
 The tables are, in order: the head-to-head of each trainguard rule against the tools
 that compete with it, the issue's bar, and every detector on every label group (rows
 for a detector only where its numbers mean something: its own failure label and the
-healthy and spiky groups; the JSON has them all). With ``--by family`` the head-to-head
-and the per-label table repeat for each family, after the rows over all runs.
+healthy and spiky groups; the JSON has them all), then the judgement calls (runs whose
+label is marked UNSURE, counted nowhere else). With ``--by family`` the head-to-head and
+the per-label table repeat for each family, after the rows over all runs.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def header(bench: Bench) -> list[str]:
         f"MaxRuntimeInSeconds {s.max_runtime_s:,.0f} s counted from the stall's onset; a false "
         "alarm throws away what the run had spent so far",
     ]
+    if bench.calls:
+        lines.append(f"judgement calls: {len(bench.calls)} of the runs have a label marked "
+                     "UNSURE: shown apart, counted nowhere else")
     if bench.skipped:
         lines.append(f"not injected: {len(bench.skipped)} faults on runs too short to carry "
                      "them (fewer than 10 logged loss points)")
@@ -137,6 +141,17 @@ def detail_table(bench: Bench, family: str = ALL) -> Table:
     return t
 
 
+def calls_table(bench: Bench) -> Table:
+    t = Table(title="Judgement calls (labels marked UNSURE: not counted above)",
+              title_justify="left")
+    for col in ("run", "label", "trainguard", "agrees", "tools that fired", "silent"):
+        t.add_column(col, overflow="fold")
+    for c in bench.calls:
+        t.add_row(c.run, c.label, c.trainguard, "yes" if c.agrees else "no",
+                  ", ".join(c.fired) or "none", ", ".join(c.silent) or "none")
+    return t
+
+
 def print_tables(console: Console, bench: Bench) -> None:
     from trainguard.report import fit_output
 
@@ -148,6 +163,8 @@ def print_tables(console: Console, bench: Bench) -> None:
     console.print(head_table(bench))
     console.print(bar_table(bench))
     console.print(detail_table(bench))
+    if bench.calls:
+        console.print(calls_table(bench))
     for family in families[1:]:
         if any(h.family == family for h in bench.heads):  # none: no failure in that family
             console.print(head_table(bench, family))
@@ -176,6 +193,7 @@ def to_json(bench: Bench) -> dict[str, Any]:
         "bar": as_dict(bench.checks),
         "rows": [{**as_dict(r), "rate": r.rate} for r in bench.rows],
         "skipped_injections": bench.skipped,
+        "judgement_calls": as_dict(bench.calls),
         "runs_detail": as_dict(bench.cases),
         "elapsed_s": bench.elapsed_s,
     }
