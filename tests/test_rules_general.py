@@ -324,6 +324,34 @@ def test_a_divergence_that_came_back_and_went_again_is_critical() -> None:
     assert f.severity is Severity.CRITICAL and f.step == 190
 
 
+def test_a_blow_up_to_a_new_level_that_stays_is_not_recovered() -> None:
+    """A loss below zero (a continuous negative log-likelihood) jumps to -5e5 and stays
+    there. It is not judged by ratio to its best (below zero), so only the blow-up test
+    sees it; its reference used to be the block before each point, so once a block at
+    the new level was complete the stretch "ended" and, as of the last record, the run
+    read as *recovered* (info) while its loss was still -5e5. A stretch ends only at a
+    point back near the level its first point was far from."""
+    steps = np.arange(400.0)
+    rng = np.random.default_rng(2)
+    nll = -1.0 - power_law(steps, noise=0.01)
+    nll[250:] = -5e5 + rng.normal(0, 1e3, 150)
+    job = job_of({"loss": (steps, nll)})
+    (f,) = judged(job, "divergence")
+    assert f.severity is Severity.CRITICAL and f.step == 250, f.message
+    assert "recovered" not in f.message
+    # one that comes back near its old level has recovered
+    nll[260:] = -1.0 - power_law(steps[260:], noise=0.01)
+    (f,) = judged(job_of({"loss": (steps, nll)}), "divergence")
+    assert f.severity is Severity.INFO and f.evidence["recovered_step"] == 260
+    # an evaluation loss that jumps 100-fold and stays is a warning to the end, not info
+    val = power_law(steps, noise=0.01)
+    val[250:] *= 100
+    train = power_law(steps, noise=0.01)
+    (f,) = judged(job_of({"loss": (steps, train), "val_loss": (steps, val)}), "divergence")
+    assert f.severity is Severity.WARNING and f.evidence["metric"] == "val_loss", f.message
+    assert "recovered" not in f.message
+
+
 # ----------------------------------------------------- 7. not learning versus converged
 
 def test_a_run_that_learnt_and_levelled_off_is_converged_with_the_saving() -> None:

@@ -130,6 +130,10 @@ class Blowup:
     nan_at: int | None = None  # its first non-finite point
     worst_bad: int = 0  # the most non-finite points in a row in it
     bad_now: int = 0  # non-finite points in a row at its end
+    # the level and scale its first point was far from: it ends at a point back near
+    # them, not at one near a newer block (a loss that moved far and stays is no recovery)
+    level: float = math.nan
+    scale: float = math.nan
 
     @property
     def end(self) -> int:
@@ -203,7 +207,8 @@ class Blowups(Track):
             if ok.any():
                 self.lo = min(self.lo, float(new[ok].min()))
                 self.hi = max(self.hi, float(new[ok].max()))
-        self._feed(None if self.tight(p) else self._blown(values, n0, n, bad, p), bad, n0)
+        blown = None if self.tight(p) else self._blown(values, n0, n, bad, p)
+        self._feed(blown or [False] * len(bad), bad, values, n0, p)
 
     def band(self, s: Series, p: DivergenceParams) -> Band | None:
         """The records ``s`` may gain, and the values they may take, with nothing found
@@ -213,8 +218,9 @@ class Blowups(Track):
         if (now := self.open) is not None:
             # a divergence going on stays the same, more blown-up points or not, until it
             # has ended and settled: recover_points points from now at the soonest
-            if now.sustained(p) and now.worst_bad:
-                return Band(min(count, self.n + p.recover_points), -math.inf, math.inf, True)
+            if now.sustained(p):  # NaN or finite values alike, unless a NaN is new to it
+                return Band(min(count, self.n + p.recover_points), -math.inf, math.inf,
+                            bool(now.worst_bad))
             return None
         if self.tight(p):  # any points within [lo / r, hi * r] keep it tight
             r = math.sqrt((p.blowup_factor + 1) * self.lo / self.hi) * (1 - _EPS)
@@ -270,22 +276,49 @@ class Blowups(Track):
             far = (np.abs(v - level) > p.blowup_factor * scale) | (np.abs(v) > p.abs_limit)
         return [b or f for b, f in zip(bad, far.tolist(), strict=True)]
 
-    def _feed(self, blown: list[bool] | None, bad: list[bool], n0: int) -> None:
-        if blown is None or not any(blown):
-            if self.open is not None:
-                self.pending.append(self.open)
-                self.open = None
-            return
-        for start, length in _runs(np.array(blown)):
-            if self.open is not None and start > 0:  # it ended before this one began
-                self.pending.append(self.open)
-                self.open = None
+    def _feed(self, blown: list[bool], bad: list[bool], values: FloatArray, n0: int,
+              p: DivergenceParams) -> None:
+        """Records n0 ... (``blown``: far from the block before their own) into stretches:
+        one opens at a blown point and ends at the first point back near the level its
+        first point was far from."""
+        m, i = len(blown), 0
+        far = np.asarray(blown, dtype=bool)
+        while i < m:
             if self.open is None:
-                self.open = Blowup(n0 + start)
-            self.open.add(bad[start:start + length])
-            if start + length < len(blown):
-                self.pending.append(self.open)
-                self.open = None
+                try:
+                    i = blown.index(True, i)
+                except ValueError:
+                    return
+                lv, sc = self._ref(values, (n0 + i) // _BLOCK - 1) if n0 + i >= _BLOCK \
+                    else (math.nan, math.nan)
+                self.open = Blowup(n0 + i, level=lv, scale=sc)
+            c = self.open
+            k = self._back(c, values, far, n0, i, p)
+            c.add(bad[i:k])
+            if k == m:
+                return
+            self.pending.append(c)
+            self.open = None
+            i = k + 1
+
+    @staticmethod
+    def _back(c: Blowup, values: FloatArray, far: np.ndarray, n0: int, i: int,
+              p: DivergenceParams) -> int:
+        """The first of records n0 + i ... (``far``: blown) back near ``c``'s level, as an
+        index into ``far``; ``len(far)`` if none. Looked for in windows growing 16-fold:
+        a spike ends within a few points, and a long run is not read again per spike."""
+        m, w = len(far), _BLOCK
+        while i < m:
+            j = min(i + w, m)
+            v = values[n0 + i:n0 + j]
+            with np.errstate(all="ignore"):
+                back = np.isfinite(v) & (np.abs(v) <= p.abs_limit) & ~far[i:j]
+                if np.isfinite(c.level):
+                    back &= np.abs(v - c.level) <= p.blowup_factor * c.scale
+            if back.any():
+                return i + int(np.argmax(back))
+            i, w = j, w * 16
+        return m
 
 
 def _scatter(blocks: FloatArray) -> Any:
