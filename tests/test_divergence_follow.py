@@ -117,7 +117,8 @@ def test_real_runs_followed_tick_by_tick_say_what_a_fresh_check_says() -> None:
 
 def built(seed: int) -> Job:
     """A run with a bit of everything the rules tell apart: a falling loss with noise,
-    NaN and inf stretches, spikes, a climb, negative values; a sparse validation loss
+    NaN and inf stretches, spikes, a climb, negative values, runs of exact zeros (for
+    good, or for a while); a sparse validation loss
     that may climb while training falls; sometimes a second (component) loss."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(5, 400))
@@ -128,7 +129,7 @@ def built(seed: int) -> Job:
             0, rng.uniform(0.001, 0.5), m)
         for _ in range(int(rng.integers(0, 4))):
             a, w = int(rng.integers(0, m)), int(rng.integers(1, 12))
-            kind = int(rng.integers(0, 5))
+            kind = int(rng.integers(0, 7))
             if kind == 0:
                 v[a:a + w] = np.nan
             elif kind == 1:
@@ -137,8 +138,12 @@ def built(seed: int) -> Job:
                 v[a:a + w] *= rng.uniform(3, 50)
             elif kind == 3:
                 v[a:] *= np.geomspace(1, rng.uniform(2, 100), m - a)
-            else:
+            elif kind == 4:
                 v[a:a + w] = -v[a:a + w]
+            elif kind == 5:  # a collapse to exactly zero, for good or for a while
+                v[a:] = 0.0
+            else:
+                v[a:a + w] = 0.0
         return v
 
     v = curve(n)

@@ -94,6 +94,8 @@ class Divergence(Rule):
             climbs.read(objective, p)
             if (f := self._climbed(job, objective, climbs)) is not None:
                 found.append(f)
+            if (f := self._collapsed(job, objective, climbs)) is not None:
+                found.append(f)
             bands = _climb_band(bands, job, objective, climbs, p)
         if train is not None and train is not objective:
             # only whether its last value is finite is read
@@ -176,6 +178,25 @@ class Divergence(Rule):
             return f
         f = self._recovered(job, s, t, c.at, c.back, None, what, False)
         f.evidence.update(evidence)
+        return f
+
+    def _collapsed(self, job: Job, s: Series, t: Climbs) -> Finding | None:
+        """The objective dropped to exactly zero from a level it was learning at, and
+        stayed there (``divergence_zero``)."""
+        p: DivergenceParams = self.params
+        c = t.zeros.verdict(p)
+        if c is None:
+            return None
+        what = (f"dropped to exactly 0 from {c.level:.4g} and stayed there for "
+                f"{p.recover_points} points: nothing is learnt (an fp16 overflow, or every "
+                "label masked? its grad_norm says)")
+        evidence = {"level_before": c.level, "kind": "collapsed"}
+        if c.back is None or t.nf - c.end < p.recover_points:
+            f = self._finding(job, s, t, c.at, None, Severity.CRITICAL, what)
+            f.evidence.update(evidence)
+            return f
+        f = self._recovered(job, s, t, c.at, c.back, None, what, False)
+        f.evidence["level_before"] = c.level
         return f
 
     def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,

@@ -20,6 +20,7 @@ from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
 from trainguard.checker.rules.divergence_shift import Climb, Shifts
+from trainguard.checker.rules.divergence_zero import Zeros
 from trainguard.checker.seen import SMALL, Track
 from trainguard.checker.stats import rolling_median3
 
@@ -39,6 +40,11 @@ class DivergenceParams:
     recover_points: int = param(
         5, "a blow-up still there after this many points is a divergence, else a spike")
     abs_limit: float = param(1e12, "a loss beyond this magnitude is a blow-up whatever came before")
+    collapse_fraction: float = param(
+        0.01, "the training objective dropping to exactly 0 from at least this fraction of "
+        "its first level (and 100 units of its last logged digit), and staying there for "
+        "recover_points points, is a divergence: learning reaches zero through values far "
+        "below that (a fine-tune logging loss 0.0 with grad_norm nan: an fp16 overflow)")
     regress_factor: float = param(
         5.0, "the training objective this many times its best level (the lowest median of "
         "3 points so far) is a divergence without NaN; noise near a best is a few-fold")
@@ -378,6 +384,7 @@ class Climbs(Track):
         self.pending: list[Climb] = []  # long enough, ended less than recover_points ago
         self.settled: Climb | None = None  # the last one settled: the run came back from it
         self.shifts = Shifts()  # the shift test's stretches (``divergence_shift``)
+        self.zeros = Zeros()  # the collapse test's run of zeros (``divergence_zero``)
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
@@ -429,6 +436,7 @@ class Climbs(Track):
             last[0], last[1] = b, x
         else:
             last.append(x)
+        self.zeros.point(x, at, self.nf, self.first, p)
         self.nf += 1
 
     def _stretch(self, high: bool, at: int, x: float, best: float,
@@ -497,6 +505,7 @@ class Climbs(Track):
             c.length += length
             if start + length < m:
                 self._close(c, int(at[start + length]), p)
+        self.zeros.many(v, at, self.nf, self.first, p)
         self.low = min(self.low, float(v.min()))
         self.best = float(cm[-1]) if len(cm) else self.best
         self.last = w[-2:].tolist()
@@ -539,8 +548,8 @@ class Climbs(Track):
         None while the tests are not yet armed (the first levels are not known)."""
         if self.nf < _WIDE + p.regress_points:
             return None
-        if self.low <= 0:  # never judged again
-            return Band(math.inf, -math.inf, math.inf, True)
+        if self.low <= 0:  # judged again only by the collapse test
+            return Band(*self.zeros.band(self.n, self.nf, p))
         nowhere = Band(math.inf, math.inf, -math.inf, True)  # a finite point ends or grows it
         going, short = self.shifts.open, math.inf
         if going is not None and not going.ready:
