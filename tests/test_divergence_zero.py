@@ -100,3 +100,19 @@ def test_a_drop_from_a_level_far_below_the_first_is_not_judged() -> None:
     loss[300:] = 0.0
     assert loss[299] < 0.01 * loss[:3].mean()
     assert divergence(job_of(loss)) == []
+
+
+def test_a_lone_zero_long_before_hides_no_later_collapse() -> None:
+    """A 0.0 logged once at step 500 (a rounding, a glitch) and 200 points later a
+    collapse: the collapse is judged on the 64 points before it, which hold no zero. A
+    second run of zeros right after the first recovered one is not judged again."""
+    loss = fine_tune()
+    loss[50] = 0.0
+    loss[250:] = 0.0
+    ((severity, message),) = divergence(job_of(loss))
+    assert severity is Severity.CRITICAL and "dropped to exactly 0" in message
+    loss = fine_tune()
+    loss[250:260] = 0.0
+    loss[280:290] = 0.0  # zeros among the 64 points before: not judged on its own
+    ((severity, message),) = divergence(job_of(loss))
+    assert severity is Severity.INFO and "recovered at step 2610" in message

@@ -184,7 +184,7 @@ class Divergence(Rule):
         """The objective dropped to exactly zero from a level it was learning at, and
         stayed there (``divergence_zero``)."""
         p: DivergenceParams = self.params
-        c = t.zeros.verdict(p)
+        c = t.zeros.verdict()
         if c is None:
             return None
         what = (f"dropped to exactly 0 from {c.level:.4g} and stayed there for "

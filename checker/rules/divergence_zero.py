@@ -8,9 +8,11 @@ A loss that reaches zero by learning is told apart by where it came from: it pas
 through values far below its first level (under ``collapse_fraction`` of it) and, when
 logged to a few decimals, comes down to within a few units of its last digit before its
 first 0.0. A triplet or hinge loss at zero meets its margins a batch at a time, so zeros
-appear among its points before any long run of them: only a first run of zeros is
-judged. It is a divergence once ``recover_points`` points in a row are exactly zero; it
-has recovered once ``recover_points`` points after it are not.
+appear among its points before any long run of them: a run of zeros is judged only where
+none of the ``_RECENT`` points before it was zero (a lone 0.0 logged long before, a
+rounding or a glitch, hides nothing). It is a divergence once ``recover_points`` points
+in a row are exactly zero; it has recovered once ``recover_points`` points after it are
+not.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from trainguard.checker.model import FloatArray
 _RECENT = 64
 #: A drop to zero from fewer than this many units of the last logged digit is rounding.
 _UNITS = 100
+#: The least positive float: a band from it keeps every point above zero, no zero.
+_TINY = 5e-324
 
 
 class ZeroParams(Protocol):
@@ -67,14 +71,14 @@ def resolution(values: list[float]) -> float:
 
 
 class Zeros:
-    """The first run of exact zeros of one objective, fed by ``Climbs`` point by point or
-    a chunk at a time (the same result either way)."""
+    """The runs of exact zeros of one objective, fed by ``Climbs`` point by point or a
+    chunk at a time (the same result either way)."""
 
     def __init__(self) -> None:
         self.recent: list[float] = []  # the last _RECENT finite points
-        self.seen = False  # an exact zero has been read
         self.negative = False  # a point below zero has been read: not a loss this judges
-        self.run: Collapse | None = None  # the first run of zeros, once there is one
+        self.run: Collapse | None = None  # the latest run of zeros
+        self.lasted: Collapse | None = None  # the latest judged one that lasted
 
     def point(self, x: float, at: int, nf: int, first: float, p: ZeroParams) -> None:
         """The next finite point, record ``at``, the ``nf``-th finite point read."""
@@ -90,61 +94,65 @@ class Zeros:
     def many(self, v: FloatArray, at: np.ndarray, nf: int, first: float,
              p: ZeroParams) -> None:
         """The next finite points ``v`` (records ``at``; the first is the ``nf``-th finite
-        point read). Only the zeros are looked at one by one."""
+        point read). Only where runs of zeros begin and end is looked at one by one."""
+        zero = v == 0.0
+        edges = np.flatnonzero(np.diff(np.r_[False, zero, False].astype(np.int8)))
+        starts, ends = edges[::2].tolist(), edges[1::2].tolist()
         run = self.run
-        if run is not None and run.back is None:
-            # going on: zeros extend it; the first other point ends it
-            other = np.flatnonzero(v != 0.0)
-            if len(other):
-                run.length += int(other[0])
-                run.back = int(at[other[0]])
-            else:
-                run.length += len(v)
-        if not self.seen:
-            zeros = np.flatnonzero(v == 0.0)
-            if len(zeros):
-                i = int(zeros[0])
-                self.negative = self.negative or bool((v[:i] < 0).any())
-                recent = (self.recent + v[max(0, i - _RECENT):i].tolist())[-_RECENT:]
-                run = self.run = self._open(recent, nf + i, int(at[i]), first,
-                                            self.negative, p)
-                self.seen = True
-                rest = v[i + 1:]
-                stop = np.flatnonzero(rest != 0.0)
-                run.length += int(stop[0]) if len(stop) else len(rest)
-                if len(stop):
-                    run.back = int(at[i + 1 + int(stop[0])])
+        if run is not None and run.back is None:  # going on: zeros extend it
+            k = ends[0] if starts and starts[0] == 0 else 0
+            self._grow(run, k, at, len(v), p)
+            if starts and starts[0] == 0:
+                starts, ends = starts[1:], ends[1:]
+        for a, b in zip(starts, ends, strict=True):
+            before = (self.recent + v[max(0, a - _RECENT):a].tolist())[-_RECENT:]
+            negative = self.negative or bool((v[:a] < 0).any())
+            run = self.run = self._open(before, nf + a, int(at[a]), first, negative, p)
+            self._grow(run, b - a - 1, at, len(v), p, b)
         self.negative = self.negative or bool((v < 0).any())
         self.recent = (self.recent + v[-_RECENT:].tolist())[-_RECENT:]
+
+    def _grow(self, run: Collapse, zeros: int, at: np.ndarray, m: int, p: ZeroParams,
+              end: int | None = None) -> None:
+        """``run`` gains ``zeros`` more; it ends at index ``end`` (default: ``zeros``) of
+        the chunk of ``m`` points, unless that is past the chunk."""
+        run.length += zeros
+        end = zeros if end is None else end
+        if end < m:
+            run.back = int(at[end])
+        if run.judged and run.length >= p.recover_points:
+            self.lasted = run
 
     @staticmethod
     def _open(recent: list[float], nf: int, at: int, first: float, negative: bool,
               p: ZeroParams) -> Collapse:
         level = median(recent[-3:]) if recent else math.nan
         judged = (nf >= 3 and not negative and math.isfinite(first) and level > 0
+                  and 0.0 not in recent
                   and level >= p.collapse_fraction * first
                   and level >= _UNITS * resolution(recent))
         return Collapse(nf, at, level, judged, length=1)
 
-    def verdict(self, p: ZeroParams) -> Collapse | None:
-        """The run of zeros to report: one that lasted ``recover_points`` (going on, or
-        ended since; the caller tells which by ``back``), else None."""
-        run = self.run
-        if run is None or not run.judged or run.length < p.recover_points:
-            return None
-        return run
+    def verdict(self) -> Collapse | None:
+        """The run of zeros to report: the latest judged one that lasted
+        ``recover_points`` (going on, or ended since; the caller tells which by ``back``),
+        else None."""
+        return self.lasted
 
     def band(self, n: int, nf: int, p: ZeroParams) -> tuple[float, float, float, bool]:
         """(until, lo, hi, nonfinite) of the records that change nothing here, for a series
         of ``n`` records, ``nf`` of them finite, that has gone down to zero or below."""
-        run = self.run
-        if self.negative or run is None or not run.judged:
+        if self.negative:
             return math.inf, -math.inf, math.inf, True  # never judged again
-        if run.back is None:  # more zeros: the same, once it is long enough
-            until = math.inf if run.length >= p.recover_points else (
-                n + p.recover_points - run.length)
-            return until, 0.0, 0.0, False
-        left = p.recover_points - (nf - run.end)  # points until it has recovered
-        if run.length < p.recover_points or left <= 0:
-            return math.inf, -math.inf, math.inf, True
-        return n + left, -math.inf, math.inf, True
+        run, lasted = self.run, self.lasted
+        until = math.inf
+        if lasted is not None and lasted.back is not None:
+            left = p.recover_points - (nf - lasted.end)  # points until it has recovered
+            if left > 0:
+                until = n + left
+        if run is not None and run.back is None:
+            if run.judged and run.length < p.recover_points:
+                until = min(until, n + p.recover_points - run.length)
+            return until, 0.0, 0.0, False  # more zeros: the same; any other ends it
+        # a zero begins a run, which may be judged: the rule must see it
+        return until, _TINY, math.inf, True
