@@ -116,3 +116,25 @@ def test_a_lone_zero_long_before_hides_no_later_collapse() -> None:
     loss[280:290] = 0.0  # zeros among the 64 points before: not judged on its own
     ((severity, message),) = divergence(job_of(loss))
     assert severity is Severity.INFO and "recovered at step 2610" in message
+
+
+def test_a_hinge_loss_near_its_floor_is_no_blow_up() -> None:
+    """A hinge loss per batch near the end of its training: its mean falls to about zero
+    while each batch is max(0, noise of 0.05), so a third of the batches are exactly 0.
+    A block of it has a tiny median and spread, and five positive batches in a row
+    stood "20 scales" above it: a critical blow-up of a healthy run. A block with exact
+    zeros in it is measured by its largest value as well."""
+    rng = np.random.default_rng(0)
+    n = np.arange(20_000.0)
+    loss = np.maximum(0.5 * np.exp(-n / 2_000) + rng.normal(0, 0.05, len(n)), 0.0)
+    assert 0.2 < np.mean(loss[-5_000:] == 0) < 0.6
+    job = job_of(loss, every=1.0)
+    assert [h for h in replay(job, Policy()).histories if h.rule == "divergence"] == []
+    # a real blow-up of the same loss, where its blocks hold zeros, is still one (where
+    # most of a block is zero, no finite value is judged against it: README)
+    assert 0 < np.mean(loss[2_000:3_000] == 0) < 0.5
+    loss[3_000:] = 40.0
+    fired = [h for h in replay(job_of(loss, every=1.0), Policy()).histories
+             if h.rule == "divergence" and h.worst is Severity.CRITICAL]
+    assert fired and fired[0].first.step is not None
+    assert 3_000 <= fired[0].first.step <= 3_010

@@ -109,6 +109,14 @@ def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArra
     # logged to 4 decimals that rounds to 0.0) has no scale: a point is not "20 scales"
     # away from it for being 0.0001 or 0.3. Such a block judges no finite point.
     scale[scale == 0] = np.inf
+    # Some of it exactly zero: a loss clipped at its floor, whose median and spread say
+    # little of the values it takes above it (a hinge loss near zero: 0, 0, 0.05, 0,
+    # 0.12...). Its scale is at least its largest value, so five positive batches in a
+    # row are no blow-up.
+    zero = (blocks == 0).any(axis=1)
+    if zero.any():
+        mag = np.max(np.where(np.isfinite(blocks), np.abs(blocks), 0.0), axis=1)
+        scale = np.where(zero, np.maximum(scale, mag), scale)
     return med, scale
 
 

@@ -151,8 +151,14 @@ class Zeros:
             if left > 0:
                 until = n + left
         if run is not None and run.back is None:
-            if run.judged and run.length < p.recover_points:
+            if not run.judged:  # no run is judged until _RECENT points after its last zero
+                return min(until, n + _RECENT), 0.0, math.inf, True
+            if run.length < p.recover_points:
                 until = min(until, n + p.recover_points - run.length)
             return until, 0.0, 0.0, False  # more zeros: the same; any other ends it
+        recent = self.recent
+        if 0.0 in recent:  # a zero before then has that zero among the points before it
+            last = len(recent) - 1 - recent[::-1].index(0.0)
+            return min(until, n + last + 1), 0.0, math.inf, True
         # a zero begins a run, which may be judged: the rule must see it
         return until, _TINY, math.inf, True
