@@ -97,3 +97,12 @@ def span_thirds(x: FloatArray) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = float(x[0]), float(x[-1])
     third = (hi - lo) / 3.0
     return x <= lo + third, x >= hi - third
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, length) of each run of True."""
+    if not mask.any():
+        return []
+    padded = np.concatenate(([False], mask, [False]))
+    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
+    return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]

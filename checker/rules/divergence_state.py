@@ -22,7 +22,7 @@ from trainguard.checker.rules.base import param
 from trainguard.checker.rules.divergence_shift import Climb, Shifts
 from trainguard.checker.rules.divergence_zero import Zeros
 from trainguard.checker.seen import SMALL, Track
-from trainguard.checker.stats import rolling_median3
+from trainguard.checker.stats import rolling_median3, runs
 
 _BLOCK = 16  # points per block for the rolling reference level
 _EPS = 1e-9  # bands are drawn this much inside their bounds: rounding cannot cross one
@@ -118,15 +118,6 @@ def _blocks(values: FloatArray, b0: int, b1: int) -> tuple[FloatArray, FloatArra
         mag = np.max(np.where(np.isfinite(blocks), np.abs(blocks), 0.0), axis=1)
         scale = np.where(zero, np.maximum(scale, mag), scale)
     return med, scale
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """(start, length) of each run of True."""
-    if not mask.any():
-        return []
-    padded = np.concatenate(([False], mask, [False]))
-    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
-    return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
 
 
 #: New records beyond ``seen.SMALL`` are read a part of this many at a time: a replay
@@ -503,7 +494,7 @@ class Climbs(Track):
             self.shifts.feed(shifted, self.nf, at, v, wide, first_wide, where[at], p)
         if self.open is not None and not high[0]:
             self._close(self.open, int(at[0]), p)
-        for start, length in _runs(high):
+        for start, length in runs(high):
             c = self.open
             if c is None:
                 c = self.open = Climb(self.nf + start, int(at[start]), float(best[start]), [],

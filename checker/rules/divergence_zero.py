@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import median
 from typing import Protocol
 
 import numpy as np
 
 from trainguard.checker.model import FloatArray
+from trainguard.checker.stats import runs
 
 #: Values kept to tell the logging resolution by (4 decimals in Hugging Face's logs).
 _RECENT = 64
@@ -43,7 +43,7 @@ class ZeroParams(Protocol):
 
 @dataclass
 class Collapse:
-    """A run of consecutive exact zeros of the objective, the first of the series."""
+    """A run of consecutive exact zeros of the objective."""
 
     start: int  # its first point, counted among the finite points
     at: int  # the record of its first point
@@ -95,21 +95,20 @@ class Zeros:
              p: ZeroParams) -> None:
         """The next finite points ``v`` (records ``at``; the first is the ``nf``-th finite
         point read). Only where runs of zeros begin and end is looked at one by one."""
-        zero = v == 0.0
-        edges = np.flatnonzero(np.diff(np.r_[False, zero, False].astype(np.int8)))
-        starts, ends = edges[::2].tolist(), edges[1::2].tolist()
+        zeros = runs(v == 0.0)
         run = self.run
         if run is not None and run.back is None:  # going on: zeros extend it
-            k = ends[0] if starts and starts[0] == 0 else 0
+            k = zeros[0][1] if zeros and zeros[0][0] == 0 else 0
             self._grow(run, k, at, len(v), p)
-            if starts and starts[0] == 0:
-                starts, ends = starts[1:], ends[1:]
-        for a, b in zip(starts, ends, strict=True):
+            if k:
+                zeros = zeros[1:]
+        below = np.logical_or.accumulate(v < 0)  # a point below zero by then
+        for a, length in zeros:
             before = (self.recent + v[max(0, a - _RECENT):a].tolist())[-_RECENT:]
-            negative = self.negative or bool((v[:a] < 0).any())
+            negative = self.negative or (a > 0 and bool(below[a - 1]))
             run = self.run = self._open(before, nf + a, int(at[a]), first, negative, p)
-            self._grow(run, b - a - 1, at, len(v), p, b)
-        self.negative = self.negative or bool((v < 0).any())
+            self._grow(run, length - 1, at, len(v), p, a + length)
+        self.negative = self.negative or bool(below[-1])
         self.recent = (self.recent + v[-_RECENT:].tolist())[-_RECENT:]
 
     def _grow(self, run: Collapse, zeros: int, at: np.ndarray, m: int, p: ZeroParams,
@@ -126,7 +125,7 @@ class Zeros:
     @staticmethod
     def _open(recent: list[float], nf: int, at: int, first: float, negative: bool,
               p: ZeroParams) -> Collapse:
-        level = median(recent[-3:]) if recent else math.nan
+        level = float(np.median(recent[-3:])) if recent else math.nan
         judged = (nf >= 3 and not negative and math.isfinite(first) and level > 0
                   and 0.0 not in recent
                   and level >= p.collapse_fraction * first

@@ -255,8 +255,9 @@ class Cadence:
         self.prev_time = math.nan  # the last record with a step (for its gap)
         self.top = -math.inf  # the highest step so far
         self.best = -math.inf  # the highest step since the last resume
-        self.loop = 0  # resumes since the last step beyond the one resumed at
-        self.skip_gap = False  # the next update's gap spans a resume that was no progress
+        # resumes since the last step beyond the one resumed at; more than one: the
+        # resumes after the first were no progress, and the next update's gap spans them
+        self.loop = 0
 
     @classmethod
     def learn(cls, job: Job, src: Series, upto: int, mark: tuple[Any, ...],
@@ -280,7 +281,6 @@ class Cadence:
         if len(back):  # as ``read`` would have left them: resumes since the last rise
             alive = np.flatnonzero(~fruitless(pre, back))
             c.loop = len(back) - (int(alive[-1]) + 1 if len(alive) else 0)
-            c.skip_gap = c.loop > 1
         c.count = len(gaps)
         c.few = gaps[:FEW].tolist()
         if len(gaps):
@@ -310,24 +310,23 @@ class Cadence:
                 s < self.top or (s == self.top and logged_again(job.series, src, t, s)))
             self.prev_time = t
             self.top = max(self.top, s)
+            down = resumed or self.loop > 1  # the gap to this update spans a resume
             if resumed:
                 self.best = s
                 self.loop += 1
                 if self.loop > 1:  # the process resumed before got no further: no start
-                    self.skip_gap = True
                     continue
             elif s > self.best:
                 self.best = s
                 self.loop = 0
             else:
                 continue  # no progress
-            if self.updates >= warmup and not resumed and not self.skip_gap:
+            if self.updates >= warmup and not down:
                 gap = t - self.last_update
                 self.count += 1
                 if len(self.few) < FEW:
                     self.few.append(gap)
                 self.longest = max(self.longest, gap)
-            self.skip_gap = False
             if not self.updates:
                 self.first_update = t
             self.updates += 1
