@@ -226,14 +226,24 @@ class _Sum:
         return total
 
 
+def _held_out_metric(name: str) -> bool:
+    """``is_eval``, and Ultralytics' ``metrics/accuracy_top1``: it measures its validation
+    set under ``metrics/`` (beside ``val/loss``), with no word that says so."""
+    return is_eval(name) or (name.startswith("metrics/") and "train" not in words(name))
+
+
 def accuracy_partner(job: Job, s: Series) -> Series | None:
-    """The accuracy measured on the same side (held-out or training) as loss ``s``."""
+    """The accuracy measured on the same side (held-out or training) as loss ``s``, else
+    the other side's."""
     side = is_eval(s.name)
     series = job.series  # read by name: only the accuracies are looked at
     found = [series[k] for k in sorted(series)
-             if {"acc", "accuracy"} & set(words(k)) and is_eval(k) == side
-             and "loss" not in words(k) and len(series[k])]
-    return _shortest(found) if found else None
+             if {"acc", "accuracy"} & set(words(k)) and "loss" not in words(k)
+             and len(series[k])]
+    same = [a for a in found if _held_out_metric(a.name) == side]
+    # else the other side's: both name the same task's K (Ultralytics logs a validation
+    # accuracy alone, beside its training loss too)
+    return _shortest(same or found) if found else None
 
 
 def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from trainguard.checker.model import FloatArray
@@ -106,3 +108,17 @@ def runs(mask: np.ndarray) -> list[tuple[int, int]]:
     padded = np.concatenate(([False], mask, [False]))
     edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
     return [(int(s), int(e - s)) for s, e in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def resolution(values: Sequence[float] | FloatArray) -> float:
+    """The logging resolution of ``values``: the largest power of ten (down to 1e-12)
+    that every finite one of them is a whole multiple of; 0 when there is none."""
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return 0.0
+    for d in range(13):
+        scaled = v * 10.0 ** d
+        if np.all(np.abs(scaled - np.round(scaled)) <= 1e-6 * np.maximum(scaled, 1.0)):
+            return 10.0 ** -d
+    return 0.0

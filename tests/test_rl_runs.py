@@ -177,7 +177,10 @@ def test_a_negative_reward_is_judged_by_its_size(shape: str, want: Severity | No
     rng = _rng()
     t = np.arange(N, dtype=np.float64)
     ret = {"flat cost": -200 + 0.5 * rng.standard_normal(N),
-           "learnt cost": -150 - 1350 * np.exp(-t / 25) + rng.standard_normal(N),
+           # levelled off by the later half of its steps, the window (at -t / 25 it was
+           # still 2 % short there: called converged only while the spike filter took its
+           # rise for spikes and the window began later)
+           "learnt cost": -150 - 1350 * np.exp(-t / 15) + rng.standard_normal(N),
            "crosses zero": -50 + t / 3 + rng.standard_normal(N)}[shape]
     job = job_of({"rollout/ep_rew_mean": (STEPS, ret),
                   "train/value_loss": (STEPS, 5 + 0.5 * rng.standard_normal(N))})

@@ -207,7 +207,14 @@ def test_plateau_window_in_steps_and_max_mode() -> None:
         "metric": "acc", "mode": "max", "window_steps": 150})})
     job = run(decaying(400), extra={"acc": acc})
     (f,) = only(at_end(job, policy), "plateau")
-    assert f.evidence["metric"] == "acc" and f.evidence["points"] == 151
+    # the window is the last 150 steps; the accuracy rose 0.1 -> 0.9 before it: converged
+    # (it said "not learning" while the spike filter took the rise for spikes below 0.9)
+    assert f.evidence["metric"] == "acc" and f.evidence["window_start_step"] == 249
+    assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"
+    # the same accuracy flat at 0.1 all along is not learning
+    job = run(decaying(400), extra={"acc": np.full(400, 0.1)})
+    (f,) = only(at_end(job, policy), "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["points"] == 151
 
 
 # utilization -----------------------------------------------------------------------------

@@ -356,7 +356,9 @@ def test_a_blow_up_to_a_new_level_that_stays_is_not_recovered() -> None:
 
 def test_a_run_that_learnt_and_levelled_off_is_converged_with_the_saving() -> None:
     steps = np.arange(400.0)
-    loss = 1.0 + 3.0 * np.exp(-steps / 40) + np.random.default_rng(4).normal(0, 0.003, 400)
+    # levelled off by the later half of its steps (at -steps / 40 it still fell 1 % there:
+    # called converged only while the spike filter took its fall for spikes)
+    loss = 1.0 + 3.0 * np.exp(-steps / 25) + np.random.default_rng(4).normal(0, 0.003, 400)
     job = job_of({"loss": (steps, loss)}, hourly_price=30.0, planned_steps=1000)
     (f,) = judged(job, "plateau")
     assert f.severity is Severity.INFO and f.evidence["kind"] == "converged"
@@ -538,6 +540,38 @@ def test_a_loss_at_zero_that_goes_nan_or_explodes_is_still_critical() -> None:
         loss.value[-10:] = bad
         (f,) = judged(job, "divergence")
         assert f.severity is Severity.CRITICAL
+
+
+def born_huge(seed: int, explode_at: int | None = None) -> Job:
+    """A physics-informed loss in its own units (a held-out Lightning run: 1.4e13 at step
+    0, ten-fold up and down over its first points, down to 13 by the end); with
+    ``explode_at``, a thousand-fold up from there on."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(0.0, 950.0)
+    loss = (1.4e13 * np.exp(-steps / 12) + 13) * np.exp(rng.normal(0, 0.8, len(steps)))
+    if explode_at is not None:
+        loss[explode_at:] = 1e3 * loss[explode_at]
+    return job_of({"mean_loss": (steps, loss)})
+
+
+def test_a_loss_born_beyond_abs_limit_in_its_own_units_is_no_blow_up() -> None:
+    """abs_limit (1e12) was a magnitude no loss reaches unless it blew up: a run that starts
+    at 1e13 was critical at its fifth point ("blew up and stayed up at step 0"). The limit
+    is now the larger of abs_limit and blowup_factor times the run's first value."""
+    for seed in range(5):
+        res = replay(born_huge(seed), Policy())
+        assert [(h.rule, h.worst) for h in res.histories
+                if h.rule == "divergence" and h.worst.rank >= Severity.WARNING.rank] == [], seed
+
+
+@pytest.mark.parametrize("at", [3, 400])
+def test_a_loss_born_huge_that_explodes_is_still_critical(at: int) -> None:
+    """Within its first block (no level to compare with yet) and later."""
+    for seed in range(5):
+        (f,) = judged(born_huge(seed, explode_at=at), "divergence")
+        assert f.severity is Severity.CRITICAL, (seed, f.message)
+        assert f.step is not None and at <= f.step <= at + 1, (seed, f.step)
+
 
 def test_plateau_says_a_held_out_loss_past_its_best_is_not_a_run_that_never_learnt() -> None:
     (f,) = judged(overfit_run(val_end=0.55), "plateau")

@@ -39,7 +39,10 @@ class DivergenceParams:
         20.0, "a finite point this many reference scales away from the recent level is a blow-up")
     recover_points: int = param(
         5, "a blow-up still there after this many points is a divergence, else a spike")
-    abs_limit: float = param(1e12, "a loss beyond this magnitude is a blow-up whatever came before")
+    abs_limit: float = param(
+        1e12, "a loss beyond this magnitude (or blowup_factor times its first value, when "
+        "that is larger: a loss that starts at 1e13 in its own units) is a blow-up whatever "
+        "came before")
     collapse_fraction: float = param(
         0.01, "the training objective dropping to exactly 0 from at least this fraction of "
         "its first level (and 100 units of its last logged digit), and staying there for "
@@ -181,6 +184,9 @@ class Blowups(Track):
         self.fired: Blowup | None = None  # the first settled divergence (the run came back)
         self.spike: Blowup | None = None  # the first settled spike
         self.before: Before = {}
+        # abs_limit, or blowup_factor times the first finite value when that is larger: a
+        # physics-informed loss that starts at 1e13 in its own units has not blown up
+        self.limit = math.nan
 
     def read(self, s: Series, p: DivergenceParams) -> None:
         n = len(s)
@@ -197,6 +203,9 @@ class Blowups(Track):
     def _read(self, values: FloatArray, n0: int, n: int, p: DivergenceParams) -> None:
         """Records n0 .. n-1."""
         new = values[n0:n]
+        if math.isnan(self.limit) and np.isfinite(new).any():
+            first = float(new[np.isfinite(new)][0])
+            self.limit = max(p.abs_limit, p.blowup_factor * abs(first))
         if n - n0 <= SMALL:
             vals = new.tolist()
             bad = [not math.isfinite(x) for x in vals]
@@ -229,12 +238,13 @@ class Blowups(Track):
             return None
         if self.tight(p):  # any points within [lo / r, hi * r] keep it tight
             r = math.sqrt((p.blowup_factor + 1) * self.lo / self.hi) * (1 - _EPS)
-            return Band(count, self.lo / r, min(self.hi * r, p.abs_limit))
+            return Band(count, self.lo / r, min(self.hi * r, self.limit))
         # else each point is held to the block before its own: the same block until the
         # next block begins (none before the first block is complete)
         n = self.n
         count = min(count, _BLOCK * (n // _BLOCK + 1) + 1)
-        lo, hi = -p.abs_limit, p.abs_limit
+        limit = p.abs_limit if math.isnan(self.limit) else self.limit
+        lo, hi = -limit, limit
         if n >= _BLOCK:
             level, scale = self._ref(s.value, n // _BLOCK - 1)
             reach = p.blowup_factor * scale * (1 - _EPS)
@@ -245,7 +255,7 @@ class Blowups(Track):
         """Exact shortcut: every block's scale is at least its median, which is at least
         the series' minimum, so a positive series this tight cannot hold a blow-up."""
         return (not self.nonfinite and self.lo > 0
-                and self.hi - self.lo <= p.blowup_factor * self.lo and self.hi <= p.abs_limit)
+                and self.hi - self.lo <= p.blowup_factor * self.lo and self.hi <= self.limit)
 
     def _ref(self, values: FloatArray, b: int) -> tuple[float, float]:
         if self.block[0] != b:
@@ -261,7 +271,7 @@ class Blowups(Track):
             out = []
             for i, b in enumerate(bad, start=n0):
                 x = float(values[i])
-                if b or abs(x) > p.abs_limit:
+                if b or abs(x) > self.limit:
                     out.append(True)
                     continue
                 lv, sc = self._ref(values, i // _BLOCK - 1) if i >= _BLOCK else (
@@ -278,7 +288,7 @@ class Blowups(Track):
             level[ok], scale[ok] = meds[ref[ok]], scales[ref[ok]]
         v = values[n0:n]
         with np.errstate(all="ignore"):
-            far = (np.abs(v - level) > p.blowup_factor * scale) | (np.abs(v) > p.abs_limit)
+            far = (np.abs(v - level) > p.blowup_factor * scale) | (np.abs(v) > self.limit)
         return [b or f for b, f in zip(bad, far.tolist(), strict=True)]
 
     def _feed(self, blown: list[bool], bad: list[bool], values: FloatArray, n0: int,
@@ -298,7 +308,7 @@ class Blowups(Track):
                     else (math.nan, math.nan)
                 self.open = Blowup(n0 + i, level=lv, scale=sc)
             c = self.open
-            k = self._back(c, values, far, n0, i, p)
+            k = self._back(c, values, far, n0, i, self.limit, p)
             c.add(bad[i:k])
             if k == m:
                 return
@@ -307,7 +317,7 @@ class Blowups(Track):
             i = k + 1
 
     @staticmethod
-    def _back(c: Blowup, values: FloatArray, far: np.ndarray, n0: int, i: int,
+    def _back(c: Blowup, values: FloatArray, far: np.ndarray, n0: int, i: int, limit: float,
               p: DivergenceParams) -> int:
         """The first of records n0 + i ... (``far``: blown) back near ``c``'s level, as an
         index into ``far``; ``len(far)`` if none. Looked for in windows growing 16-fold:
@@ -317,7 +327,7 @@ class Blowups(Track):
             j = min(i + w, m)
             v = values[n0 + i:n0 + j]
             with np.errstate(all="ignore"):
-                back = np.isfinite(v) & (np.abs(v) <= p.abs_limit) & ~far[i:j]
+                back = np.isfinite(v) & (np.abs(v) <= limit) & ~far[i:j]
                 if np.isfinite(c.level):
                     back &= np.abs(v - c.level) <= p.blowup_factor * c.scale
             if back.any():

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from trainguard.checker.model import FloatArray
-from trainguard.checker.stats import runs
+from trainguard.checker.stats import resolution, runs
 
 #: Values kept to tell the logging resolution by (4 decimals in Hugging Face's logs).
 _RECENT = 64
@@ -55,19 +55,6 @@ class Collapse:
     @property
     def end(self) -> int:
         return self.start + self.length
-
-
-def resolution(values: list[float]) -> float:
-    """The logging resolution of ``values``: the largest power of ten (down to 1e-12)
-    that every one of them is a whole multiple of."""
-    if not values:
-        return 0.0
-    v = np.abs(np.asarray(values, dtype=float))
-    for d in range(13):
-        scaled = v * 10.0 ** d
-        if np.all(np.abs(scaled - np.round(scaled)) <= 1e-6 * np.maximum(scaled, 1.0)):
-            return 10.0 ** -d
-    return 0.0
 
 
 class Zeros:

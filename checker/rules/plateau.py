@@ -66,7 +66,17 @@ from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.policy import Policy
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
-from trainguard.checker.stats import diff_sigma, median, rolling_median3, span_thirds, t_quantile
+from trainguard.checker.stats import (
+    diff_sigma,
+    median,
+    resolution,
+    rolling_median3,
+    span_thirds,
+    t_quantile,
+)
+
+#: Latest records the logging resolution is read from (4 decimals in Hugging Face logs).
+_QUANTUM_POINTS = 64
 
 
 @dataclass
@@ -217,19 +227,32 @@ class Plateau(Rule):
                 + (f" (accuracy {acc:.3g} ~ 1/{k})" if acc is not None else "")
                 + ": not learning",
                 {"classes": k, "chance_loss": ln_k, "accuracy": acc, "points": len(v)})]
+        if mode == "min" and (zero := self._zero_accuracy(job, raw, v)) is not None:
+            acc_name, evaluations = zero
+            return [self._finding(
+                job, s, int(idx[0]), Severity.WARNING, "flat",
+                f"{s.name} never improved on its first value {v[0]:.4g} and {acc_name} is 0 "
+                f"at all {evaluations} evaluations, worse than chance: not learning (do the "
+                "evaluation's labels match the training's?)",
+                {"points": len(v), "first": float(v[0]), "accuracy": 0.0,
+                 "never_improved": True})]
         if len(v) < p.min_points:
             return []
         lo = self._window_start(job, x)
-        win = self._flat(x[lo:], v[lo:], sign)
+        # A loss logged to 4 decimals near 0.0002 moves by whole units of 0.0001: a change
+        # under one unit is all the window can be confident of (the whole run's test not).
+        quantum = resolution(raw.value[-_QUANTUM_POINTS:])
+        win = self._flat(x[lo:], v[lo:], sign, quantum=quantum)
         late = on_steps and self._begins_late(x)
         if win is None or not win[0]:
             return [] if late else self._never(job, ctx, s, v, idx, sign)
         _, improvement, se, level = win
         if late:
             return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level,
-                                    mode, begins=float(x[0]))]
+                                    mode, quantum, begins=float(x[0]))]
         whole = self._flat(x, v, sign, learnt=True)
-        if whole is not None and whole[0] and not self._training_learnt(job, ctx, s):
+        if whole is not None and whole[0] and not self._learnt_first(v, lo, sign) \
+                and not self._training_learnt(job, ctx, s):
             _, run_improvement, _, _ = whole
             return [self._finding(
                 job, s, int(idx[0]), Severity.WARNING, "flat",
@@ -242,7 +265,8 @@ class Plateau(Rule):
         never = self._never(job, ctx, s, v, idx, sign)
         if never:
             return never
-        return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level, mode)]
+        return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level, mode,
+                                quantum)]
 
     def _mode(self, s: Series, policy: Policy) -> str:
         """``mode``, but an RL run's reward, the objective chosen when the policy names
@@ -253,12 +277,13 @@ class Plateau(Rule):
 
     # --------------------------------------------------------------------- the tests
 
-    def _flat(self, x: FloatArray, v: FloatArray, sign: float, learnt: bool = False
-              ) -> tuple[bool, float, float, float] | None:
+    def _flat(self, x: FloatArray, v: FloatArray, sign: float, learnt: bool = False,
+              quantum: float = 0.0) -> tuple[bool, float, float, float] | None:
         """(confidently flat?, improvement, its standard error, level) between the first
         and last thirds of the span of ``x``; None when a third holds fewer than two
         points or the level is zero. With ``learnt``, the better of the middle and last
-        thirds stands for the end: a run that learnt and then got worse has learnt."""
+        thirds stands for the end: a run that learnt and then got worse has learnt. Less
+        than ``quantum`` (the logging resolution) is flat too, whatever the level."""
         p: PlateauParams = self.params
         if len(v) < p.min_points:
             return None
@@ -277,9 +302,41 @@ class Plateau(Rule):
                 improvement, kt = mid_improvement, int(middle.sum())
         # A median of k points has a standard error of about 1.25 sigma / sqrt(k).
         se = 1.25 * diff_sigma(v) * math.sqrt(1.0 / kh + 1.0 / kt)
-        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
-        margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
-        return improvement + margin < p.min_rel_improvement * level, improvement, se, level
+        margin = self._t(len(v)) * se
+        # near the last logged digit, 1 % of the level is below what the log can show
+        least = max(p.min_rel_improvement * level, quantum)
+        return improvement + margin < least, improvement, se, level
+
+    def _t(self, n: int) -> float:
+        """The Student-t quantile of confidence ``z`` (as a normal quantile) for a margin
+        on ``n`` points."""
+        confidence = 0.5 * (1.0 + math.erf(self.params.z / math.sqrt(2.0)))
+        return t_quantile(confidence, max(n - 2, 1))
+
+    def _learnt_first(self, v: FloatArray, lo: int, sign: float) -> bool:
+        """Whether the run learnt, if only in a stretch too short to move its first third's
+        median (a loss falling 7-fold in the first 5 % of its steps), and its window from
+        ``lo`` still holds what it learnt: the first points (median of three) stand
+        confidently worse than the window, and the window is not confidently worse than
+        the best stretch before it (a run that learnt and then rose to sit 1.3 x above its
+        best is stuck there, not converged)."""
+        p: PlateauParams = self.params
+        tail = v[lo:]
+        if lo < 3:
+            return False
+        level, sigma = abs(median(tail)), diff_sigma(v)
+        t = self._t(len(v))
+        improvement = sign * (median(v[:3]) - median(tail))
+        if improvement - t * 1.25 * sigma * math.sqrt(1.0 / 3 + 1.0 / len(tail)) \
+                <= p.min_rel_improvement * level:
+            return False
+        # the best stretch before the window, in stretches a third of the window long
+        k = max(len(tail) // 3, 3)
+        best = min(sign * median(v[a:a + k]) for a in range(0, lo - k + 1, k)) \
+            if lo >= k else sign * median(v[:lo])
+        worse = sign * median(tail) - best
+        margin = t * 1.25 * sigma * math.sqrt(1.0 / k + 1.0 / len(tail))
+        return bool(worse - margin <= p.min_rel_improvement * level)
 
     def _begins_late(self, steps: FloatArray) -> bool:
         """Whether the judged points' steps begin so far into training that they cover
@@ -319,8 +376,7 @@ class Plateau(Rule):
         if level == 0:
             return None
         se = diff_sigma(v)
-        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
-        margin = t_quantile(confidence, max(len(v) - 2, 1)) * se
+        margin = self._t(len(v)) * se
         if improvement + margin < p.min_rel_improvement * level:
             return improvement, best, level
         return None
@@ -397,6 +453,22 @@ class Plateau(Rule):
         k = min(fits, key=lambda k: abs(math.log(k) - end))
         return k, math.log(k), None
 
+    def _zero_accuracy(self, job: Job, raw: Series, v: FloatArray) -> tuple[str, int] | None:
+        """(accuracy, evaluations) when the loss's accuracy is exactly 0 at every one of at
+        least ``chance_min_points`` evaluations and the loss never improved on its first
+        value: below 1/K for any K, whatever the training loss does (a classifier whose
+        validation labels are not its training labels: top-1 and top-5 at 0 for 22 epochs
+        while its training loss falls 50-fold)."""
+        acc = accuracy_partner(job, raw)
+        if acc is None:
+            return None
+        a = acc.value[np.isfinite(acc.value)]
+        if len(a) < self.params.chance_min_points or np.any(a != 0):
+            return None
+        if self._never_improved(v, 1.0) is None:
+            return None
+        return acc.name, len(a)
+
     def _chance_confirmed(self, a: FloatArray, best: float
                           ) -> tuple[int, float, float | None] | None:
         """K from accuracy ``a`` near 1/K (at the start of the run and at its end, within
@@ -411,8 +483,7 @@ class Plateau(Rule):
         # Batch accuracies are noisy (a binomial on a few dozen samples): the tolerance
         # widens to the margin of the tail's median.
         se = 1.25 * diff_sigma(a) / math.sqrt(max(int(tail.sum()), 1))
-        confidence = 0.5 * (1.0 + math.erf(p.z / math.sqrt(2.0)))
-        tol = max(p.chance_acc_tolerance, t_quantile(confidence, max(len(a) - 2, 1)) * se * k)
+        tol = max(p.chance_acc_tolerance, self._t(len(a)) * se * k)
         if any(abs(median(a[part]) * k - 1.0) > tol for part in (head, tail) if part.any()):
             return None
         ln_k = math.log(k)
@@ -443,24 +514,29 @@ class Plateau(Rule):
         return f
 
     def _converged(self, job: Job, s: Series, at: int, v: FloatArray, idx: np.ndarray,
-                   improvement: float, se: float, level: float, mode: str,
+                   improvement: float, se: float, level: float, mode: str, quantum: float,
                    begins: float | None = None) -> Finding:
         p: PlateauParams = self.params
+        if abs(improvement) <= quantum * (1 + 1e-6):  # medians a logged unit apart at most
+            change = f"no change beyond its last logged digit, {quantum:g},"
+        else:
+            change = f"{improvement / level:+.2%}"
+
         best_at = int(np.argmin(v)) if mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
-        if improvement < -p.min_rel_improvement * level:
+        if improvement < -max(p.min_rel_improvement * level, quantum * (1 + 1e-6)):
             # A held-out loss getting worse while the training loss learns: past its best.
             where = f" at step {best_step:g}" if best_step is not None else ""
             msg = (f"{s.name} learnt and is now getting worse ({improvement / level:+.2%} over "
                    f"the last stretch; best {best:.4g}{where}): past its best, converged")
         elif begins is not None:
-            msg = (f"{s.name} has levelled off near {level:.4g} ({improvement / level:+.2%} "
+            msg = (f"{s.name} has levelled off near {level:.4g} ({change} "
                    f"over the last stretch); its records begin at step {begins:g}, so what it "
                    f"learnt before is not known: converged")
         else:
             msg = (f"{s.name} learnt and has levelled off near {level:.4g} "
-                   f"({improvement / level:+.2%} over the last stretch): converged")
+                   f"({change} over the last stretch): converged")
         return self._finding(job, s, at, Severity.INFO, "converged", msg, {
             "rel_improvement": improvement / level, "noise_se": se / level, "level": level,
             "best": best, "best_step": best_step, "saving_usd": None, "hours_left": None})
@@ -592,11 +668,19 @@ def _trailing_spike(v: FloatArray, factor: float) -> int:
 
 def _calm(x: FloatArray, v: FloatArray, idx: np.ndarray, sign: float
           ) -> tuple[FloatArray, FloatArray, np.ndarray]:
-    """Spikes (points far on the bad side of the level) are the divergence rule's
-    business, recovered or not: judge the points around them."""
+    """Spikes (points far on the bad side of the level, and of the best level the run had
+    reached before them) are the divergence rule's business, recovered or not: judge the
+    points around them. The level before counts: a run that learnt fast and then sat
+    still for most of its length has its whole descent far above the run's median, and
+    that descent is what it learnt, not a spike."""
     sigma = diff_sigma(v)
     centre = median(v)
-    calm = sign * (v - centre) <= 8 * sigma + 0.1 * abs(centre)
+    margin = 8 * sigma + 0.1 * abs(centre)
+    u = sign * v  # lower is better
+    before = np.full(len(u), np.inf)  # best median of three ending before each point
+    if len(u) >= 4:
+        before[3:] = np.minimum.accumulate(rolling_median3(u))[: len(u) - 3]
+    calm = ~((u - sign * centre > margin) & (u - before > margin))
     if calm.all() or calm.sum() < 3:
         return x, v, idx
     return x[calm], v[calm], idx[calm]
