@@ -66,13 +66,19 @@ def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
 
 def _divergence(policy: Policy) -> list[tuple[Severity, Alert]]:
     p = _params(policy, "divergence")
-    expr = (f"trainguard_loss != trainguard_loss or abs(trainguard_loss) > {p.abs_limit:g}")
+    # Beyond abs_limit and blowup_factor x the least it was in the last 6 h: a loss that
+    # starts at 1e13 in its own units (a physics-informed one) is not blown up; the rule
+    # itself holds it to its first value, which PromQL does not keep.
+    size = "abs(trainguard_loss)"
+    expr = (f"trainguard_loss != trainguard_loss or ({size} > {p.abs_limit:g} and {size} > "
+            f"{p.blowup_factor:g} * min_over_time({size}[6h:{SCRAPE_SECONDS}s]))")
     return [(Severity.CRITICAL, _alert(
         "TrainguardLossNotFinite", expr, Severity.CRITICAL,
         (p.nan_points - 1) * SCRAPE_SECONDS, "divergence",
         "training loss of {{ $labels.pod }} is NaN, infinite or blown up",
-        f"trainguard_loss is NaN/inf or beyond {p.abs_limit:g} for {p.nan_points} scrapes "
-        "in a row (divergence rule: nan_points, abs_limit). Value: {{ $value }}."))]
+        f"trainguard_loss is NaN/inf, or beyond {p.abs_limit:g} and {p.blowup_factor:g} x "
+        f"its least value in the last 6 h, for {p.nan_points} scrapes in a row (divergence "
+        "rule: nan_points, abs_limit, blowup_factor). Value: {{ $value }}."))]
 
 
 def _utilization(policy: Policy) -> list[tuple[Severity, Alert]]:

@@ -466,10 +466,16 @@ def test_promtool_check_and_test_rules(tmp_path: Path) -> None:
         {"interval": "30s", "input_series": [
             {"series": 'trainguard_loss{pod="nan"}', "values": "2 1.9 1.8 NaN NaN NaN NaN"},
             {"series": 'trainguard_loss{pod="spike"}', "values": "2 1.9 NaN 1.8 1.7 1.6 1.5"},
-            {"series": 'trainguard_loss{pod="healthy"}', "values": "2 1.9 1.8 1.7 1.6 1.5"}],
+            {"series": 'trainguard_loss{pod="healthy"}', "values": "2 1.9 1.8 1.7 1.6 1.5"},
+            # a physics-informed loss in its own units: born beyond abs_limit, falling
+            {"series": 'trainguard_loss{pod="born_huge"}',
+             "values": "1.4e13 1.5e14 1.8e13 1.1e13 1.2e13 9e12 8e12"},
+            {"series": 'trainguard_loss{pod="exploded"}',
+             "values": "2 1.9 1.8 1e13 1e13 1e13 1e13"}],
          "alert_rule_test": [
             {"eval_time": "3m", "alertname": "TrainguardLossNotFinite",
-             "exp_alerts": [alert(crit, "divergence", pod="nan")]}]},
+             "exp_alerts": [alert(crit, "divergence", pod="nan"),
+                            alert(crit, "divergence", pod="exploded")]}]},
         {"interval": "1m", "input_series": [
             {"series": 'DCGM_FI_DEV_GPU_UTIL{namespace="a", pod="idle", gpu="0"}',
              "values": "3x45"},
