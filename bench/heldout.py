@@ -3,11 +3,12 @@
     .venv/bin/python bench/heldout.py ../heldout          # the files of heldout_runs.csv
     .venv/bin/python bench/heldout.py ../heldout --all    # every run, not only flagged ones
 
-``heldout_runs.csv`` names 94 public training logs (Hugging Face ``trainer_state.json``,
-Lightning ``metrics.csv``, Ultralytics ``results.csv``, Keras CSVLogger files) from 91
-repositories that neither shared corpus draws on, each at the commit it was read at. They
-are not in this repository: check each out at its commit and copy its file to
-``DIR/<file>``. A missing file is reported and skipped.
+``heldout_runs.csv`` names 205 public training runs from 194 repositories that neither
+shared corpus draws on (Hugging Face ``trainer_state.json``, Lightning ``metrics.csv``,
+Ultralytics ``results.csv``, Keras CSVLogger files, TensorBoard run folders, MLflow
+stores, text logs of GPT training scripts), each at the commit it was read at. They are
+not in this repository: check each out at its commit and copy its file or folder to
+``DIR/<file>``. A missing one is reported and skipped.
 
 Each run is replayed with the default policy as the live watchdog would see it. With no
 labels, nothing is scored: the table says, per family, how many runs got the worst
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainguard.adapters.local import load_run  # noqa: E402
+from trainguard.adapters.local import load_runs  # noqa: E402
 from trainguard.checker.model import Job, Severity  # noqa: E402
 from trainguard.checker.policy import Policy  # noqa: E402
 from trainguard.config import default_policy  # noqa: E402
@@ -50,8 +51,7 @@ def main() -> int:
             missing += 1
             print(f"missing: {path} ({row['repo']}@{row['commit'][:12]}:{row['path']})")
             continue
-        loaded = load_run(path)
-        for job in loaded if isinstance(loaded, list) else [loaded]:
+        for job in (found.job for found in load_runs(path)):
             runs[row["family"]] += 1
             flagged = _judge(job, policy, row["family"], counts)
             if flagged or args.all:

@@ -19,7 +19,10 @@ __all__ = ["DEFAULT_DEFINITIONS", "PLANNED", "STEP", "MetricDefinition", "load_d
 
 # A number as training logs print it, including nan and inf, so a bad value is kept and
 # a word such as "loss: high" never matches.
-NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)\b)"
+# Not followed by a letter or a further ".digit": the ``.4`` of an f-string's ``{loss:.4f}``
+# (a script's source printed at the top of its log) or the 12 of ``12.5ms`` is no value.
+NUM = (r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w]|\.\d)"
+       r"|[-+]?(?i:nan|inf(?:inity)?)\b)")
 
 
 def at_word_start(key: str) -> str:
@@ -35,6 +38,13 @@ def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
                  for k in keys or (name,))
 
 
+def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
+    """``key value`` with only spaces between, where a field begins (the line's start, or
+    after ``|``, ``,`` or ``:``): nanoGPT's ``iter 10: loss 4.5735``, ``step 5 | loss 3.2``;
+    not the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
+    return tuple(MetricDefinition(name, r"(?:^|[|,:]\s*)" + k + r"\s+" + NUM) for k in keys)
+
+
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
 _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
 
@@ -44,6 +54,7 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL),
     MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL),
     *_kv(STEP, "step", "Step"),
+    *_spaced(STEP, "step", "Step", "iter", "Iter", "iteration", "Iteration"),
     MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
@@ -52,8 +63,11 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
                      time=True),
     # the CamelCase and spaced spellings scripts print ("TrainLoss=1.87 | ValLoss=1.30")
     *_kv("val_loss", "val_loss", "ValLoss", "valLoss", "Val Loss", "val loss"),
+    *_spaced("val_loss", "val_loss", "val loss", "Val Loss"),
     *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss", "Train Loss", "train loss"),
+    *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
     *_kv("loss", "loss", "Loss"),
+    *_spaced("loss", "loss", "Loss"),
     *_kv("lr"),
     *_kv("epoch", "epoch", "Epoch"),
 )

@@ -26,6 +26,14 @@ from trainguard.adapters.local.errors import FormatError
 _TIMESTAMP = re.compile(
     r"\[?(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)")
 _TS_START = frozenset("0123456789[")
+# A line of Python source, which some scripts print at the top of their log (the
+# modded-nanogpt records hold their training script): a statement keyword, a call to
+# print, an indented assignment, or an assignment of a call. Its ``val_loss = 0.0`` and
+# ``lr=3e-4`` are no records. A log line such as "epoch = 3, loss = 0.5" is none of these.
+_CODE = re.compile(
+    r"\s*(?:(?:def|class|import|from|return|if|elif|for|while|with|assert|raise)\s"
+    r"|print\(|[A-Za-z_][\w.]*\s*(?::[^=]*)?[-+*/]?=(?!=)\s*[A-Za-z_][\w.]*\()"
+    r"|(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?!=)")
 
 # what a definition does with its value, in the order a line is read: the time and the
 # step first, so the metrics on the same line get them
@@ -105,6 +113,8 @@ class TextReader(Reader):
                     text = m.group(1)
                     if text is None:
                         continue
+                    if not matched and _CODE.match(line):
+                        break  # source code, kept as a log line
                     try:
                         value = float(text) * scale
                     except ValueError:

@@ -83,13 +83,16 @@ class Stall(Rule):
     name = "stall"
     Params = StallParams
 
-    def threshold(self, c: Cadence) -> tuple[float, dict[str, float]]:
+    def threshold(self, c: Cadence, startup: float = 0.0) -> tuple[float, dict[str, float]]:
         """The silence that counts as a stall for a job of cadence ``c``: the silences that
         ended in a resume from a checkpoint were the job being down, and are not learnt as
-        the job's own pauses."""
+        the job's own pauses. ``startup``: how long the job took to its first progress."""
         p: StallParams = self.params
         if c.count < p.min_updates:
-            unlearnt = max(p.unlearnt_seconds, p.min_seconds)
+            # A silence the job already came back from (its start, a warm-up gap, an epoch
+            # of two hours logged once) is no stall: a slow log is not held to 30 minutes.
+            unlearnt = max(p.unlearnt_seconds, p.min_seconds,
+                           p.pause_factor * max(c.survived, startup))
             if c.count < max(p.few_updates, 2):
                 return unlearnt, {"learnt": 0.0}
             gaps = np.asarray(c.few)
@@ -143,7 +146,7 @@ class Stall(Rule):
         if restarted is not None:
             last = restarted
         silence = float(ctx.now - last)
-        thr, learnt = (self.threshold(c) if c is not None
+        thr, learnt = (self.threshold(c, _startup(job, c)) if c is not None
                        else (max(p.unlearnt_seconds, p.min_seconds), {"learnt": 0.0}))
         if restarted is not None:
             # The process restarted after its last progress (a spot interruption, a pod
@@ -249,6 +252,7 @@ class Cadence:
         self.count = 0  # update gaps learnt (after warm-up, not ending in a resume)
         self.few: list[float] = []  # the first FEW of them (a short log's cadence)
         self.longest = 0.0
+        self.survived = 0.0  # the longest update gap, warm-up ones too (not a resume's)
         self.updates = 0
         self.last_update = math.nan
         self.first_update = math.nan
@@ -271,13 +275,16 @@ class Cadence:
         back = resumes(pre, job)
         times = update_times(pre, back=back)
         resumed = pre.time[back]
-        ts = times[warmup - 1:]
-        gaps = np.diff(ts) if len(times) > warmup else np.empty(0)
-        if len(resumed) and len(gaps):
+        every = np.diff(times)
+        if len(resumed) and len(every):
             # a gap with a resume in it spans the time the job was down
-            spans = (np.searchsorted(resumed, ts[1:], "right")
-                     > np.searchsorted(resumed, ts[:-1], "right"))
-            gaps = gaps[~spans]
+            spans = (np.searchsorted(resumed, times[1:], "right")
+                     > np.searchsorted(resumed, times[:-1], "right"))
+            every = np.where(spans, np.nan, every)
+        gaps = every[warmup - 1:] if len(times) > warmup else np.empty(0)
+        gaps = gaps[np.isfinite(gaps)]
+        if np.isfinite(every).any():
+            c.survived = float(np.nanmax(every))
         if len(back):  # as ``read`` would have left them: resumes since the last rise
             alive = np.flatnonzero(~fruitless(pre, back))
             c.loop = len(back) - (int(alive[-1]) + 1 if len(alive) else 0)
@@ -321,6 +328,8 @@ class Cadence:
                 self.loop = 0
             else:
                 continue  # no progress
+            if self.updates and not down:
+                self.survived = max(self.survived, t - self.last_update)
             if self.updates >= warmup and not down:
                 gap = t - self.last_update
                 self.count += 1

@@ -1,0 +1,102 @@
+"""The text reader's default definitions on the log lines of widely used training scripts,
+as they print them (written here line for line in their shape), and on a log that begins
+with its script's source.
+
+Seen on held-out public logs (bench/heldout_runs.csv): Karpathy's nanoGPT
+(``iter 10: loss 4.5735, time ...``; ``step 0: train loss 6.06, val loss 6.05``) gave
+no data; ``step 1/5000 | lr ... | loss 11.3`` gave steps and no loss; ``step 0 | loss:
+11.08`` and ``Step 10 | Loss: 66.08`` gave losses with no step; a modded-nanogpt record,
+which holds its training script above its log, gave a validation loss of 0.0 (from
+``val_loss = 0.0``) and 0.4 (from an f-string's ``{val_loss:.4f}``) before its real ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.adapters.local import load_run
+from trainguard.checker.model import Job
+
+
+def _read(tmp_path: Path, text: str, name: str = "train.log") -> Job:
+    path = tmp_path / name
+    path.write_text(text)
+    job = load_run(path)
+    assert isinstance(job, Job)
+    return job
+
+
+def _series(job: Job, name: str) -> tuple[list[float], list[float]]:
+    s = job.series[name]
+    return s.step.tolist(), s.value.tolist()
+
+
+def test_karpathy_nanogpt(tmp_path: Path) -> None:
+    job = _read(tmp_path, (
+        "step 0: train loss 6.0601 BPC, val loss 6.0586 BPC\n"
+        "iter 0: loss 6.0659 BPC, time 254533.85ms, mfu -100.00%\n"
+        "iter 10: loss 4.5735, time 267.36ms, mfu 8.92%\n"
+        "iter 20: loss 3.9673, time 261.53ms, mfu 8.94%\n"
+        "step 20: train loss 3.8012, val loss 3.9011\n"
+        "saving checkpoint to out\n"))
+    assert _series(job, "loss") == ([0, 10, 20], [6.0659, 4.5735, 3.9673])
+    assert _series(job, "train_loss") == ([0, 20], [6.0601, 3.8012])
+    assert _series(job, "val_loss") == ([0, 20], [6.0586, 3.9011])
+
+
+@pytest.mark.parametrize(("lines", "steps", "losses"), [
+    # Karpathy's build-nanogpt
+    ("step     0 | loss: 11.087302 | lr 8.3916e-07 | norm: 23.1795 | dt: 22621.26ms\n"
+     "step     1 | loss: 10.974887 | lr 1.6783e-06 | norm: 22.6508 | dt: 704.72ms\n",
+     [0, 1], [11.087302, 10.974887]),
+    ("Step 10 | Loss: 66.0893\nStep 20 | Loss: 50.7591\n", [10, 20], [66.0893, 50.7591]),
+    ("step     1/5000 | lr 1.493e-06 | loss 11.3191 | tok/s 1965.8\n"
+     "step    50/5000 | lr 7.463e-05 | loss 9.8108 | tok/s 3585.9\n", [1, 50], [11.3191, 9.8108]),
+    ("step 0, loss: 10.899394989013672\nstep 1, loss: 10.719036102294922\n",
+     [0, 1], [10.899394989013672, 10.719036102294922]),
+])
+def test_step_and_loss_separated_by_spaces_or_bars(
+        tmp_path: Path, lines: str, steps: list[float], losses: list[float]) -> None:
+    assert _series(_read(tmp_path, lines), "loss") == (steps, losses)
+
+
+def test_a_loss_mentioned_in_a_sentence_is_no_record(tmp_path: Path) -> None:
+    job = _read(tmp_path, (
+        "step 1/400 | loss 10.940292 | lr 3.00e-04\n"
+        "New best loss 10.940292 -> saved: out/best.pt\n"
+        "step 2/400 | loss 9.398620 | lr 3.00e-04\n"))
+    assert _series(job, "loss") == ([1, 2], [10.940292, 9.398620])
+
+
+def test_a_log_that_begins_with_its_scripts_source(tmp_path: Path) -> None:
+    """As a modded-nanogpt record: the script, a rule of =, then the log."""
+    job = _read(tmp_path, (
+        "import os\n"
+        "class Muon(torch.optim.Optimizer):\n"
+        "    def __init__(self, params, lr=3e-4, momentum=0.95, nesterov=True):\n"
+        "optimizer2 = Muon(raw_model.transformer.h.parameters(), lr=0.1*args.learning_rate)\n"
+        "        val_loss = 0.0\n"
+        "        val_loss += loss\n"
+        "            print(f'step:{step}/{args.n} val_loss:{val_loss:.4f} train_time:{t:.0f}ms')\n"
+        + "=" * 100 + "\n"
+        "step:0/100 val_loss:10.9264 train_time:285ms step_avg:nanms\n"
+        "step:1/100 train_loss:10.9184 train_time:9000ms step_avg:nanms\n"
+        "step:2/100 train_loss:8.6834 train_time:9500ms step_avg:nanms\n"
+        "step:2/100 val_loss:8.2017 train_time:9600ms step_avg:500.00ms\n"), name="rec.txt")
+    assert _series(job, "val_loss") == ([0, 2], [10.9264, 8.2017])
+    assert "lr" not in job.series
+    assert any("val_loss = 0.0" in line.text for line in job.logs)
+
+
+def test_key_value_lines_that_look_like_assignments_are_still_read(tmp_path: Path) -> None:
+    job = _read(tmp_path, "epoch = 3, loss = 0.5\nepoch = 4, loss = 0.25\nloss=0.125\n")
+    assert job.series["loss"].value.tolist() == [0.5, 0.25, 0.125]
+    assert job.series["epoch"].value.tolist() == [3, 4]
+
+
+def test_a_number_with_a_unit_stuck_to_it_is_not_read_in_part(tmp_path: Path) -> None:
+    """``12.5ms`` was read as 12 (and ``{x:.4f}`` as 0.4); a sentence's full stop is fine."""
+    job = _read(tmp_path, "step=1 loss: 2.5.\nstep=2 loss=12.5ms\nstep=3 loss: 1.5\n")
+    assert _series(job, "loss") == ([1, 3], [2.5, 1.5])
