@@ -100,3 +100,8 @@ def test_a_number_with_a_unit_stuck_to_it_is_not_read_in_part(tmp_path: Path) ->
     """``12.5ms`` was read as 12 (and ``{x:.4f}`` as 0.4); a sentence's full stop is fine."""
     job = _read(tmp_path, "step=1 loss: 2.5.\nstep=2 loss=12.5ms\nstep=3 loss: 1.5\n")
     assert _series(job, "loss") == ([1, 3], [2.5, 1.5])
+
+
+def test_an_indented_assignment_is_read_in_a_log_that_holds_no_source(tmp_path: Path) -> None:
+    job = _read(tmp_path, "epoch 1\n    loss = 0.5\nepoch 2\n    loss = 0.25\n")
+    assert job.series["loss"].value.tolist() == [0.5, 0.25]

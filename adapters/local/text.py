@@ -28,12 +28,13 @@ _TIMESTAMP = re.compile(
 _TS_START = frozenset("0123456789[")
 # A line of Python source, which some scripts print at the top of their log (the
 # modded-nanogpt records hold their training script): a statement keyword, a call to
-# print, an indented assignment, or an assignment of a call. Its ``val_loss = 0.0`` and
-# ``lr=3e-4`` are no records. A log line such as "epoch = 3, loss = 0.5" is none of these.
-_CODE = re.compile(
+# print, an assignment of a call; once such a line has been read, an indented assignment
+# too. Its ``val_loss = 0.0`` and ``lr=3e-4`` are no records. A log line such as "epoch =
+# 3, loss = 0.5" is none of these, nor "    loss = 0.5" in a log that holds no source.
+_SOURCE = re.compile(
     r"\s*(?:(?:def|class|import|from|return|if|elif|for|while|with|assert|raise)\s"
-    r"|print\(|[A-Za-z_][\w.]*\s*(?::[^=]*)?[-+*/]?=(?!=)\s*[A-Za-z_][\w.]*\()"
-    r"|(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?!=)")
+    r"|print\(|[A-Za-z_][\w.]*\s*(?::[^=]*)?[-+*/]?=(?!=)\s*[A-Za-z_][\w.]*\()")
+_INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?!=)")
 
 # what a definition does with its value, in the order a line is read: the time and the
 # step first, so the metrics on the same line get them
@@ -94,9 +95,12 @@ class TextReader(Reader):
                    for rx, role, gid, name, scale in compiled]
         clock = CumulativeTime()
         wall = elapsed = step = math.nan
+        source = False  # a line of Python source has been read
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 matched = False
+                code = _SOURCE.match(line) is not None
+                source = source or code
                 if line[:1] in _TS_START:
                     ts = _TIMESTAMP.match(line)
                     # a date-like prefix that is no real timestamp leaves the clock alone
@@ -113,7 +117,7 @@ class TextReader(Reader):
                     text = m.group(1)
                     if text is None:
                         continue
-                    if not matched and _CODE.match(line):
+                    if not matched and (code or (source and _INDENTED.match(line))):
                         break  # source code, kept as a log line
                     try:
                         value = float(text) * scale
