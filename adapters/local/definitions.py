@@ -42,7 +42,8 @@ def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     """``key value`` with only spaces between, where a field begins (the line's start, or
     after ``|``, ``,`` or ``:``): nanoGPT's ``iter 10: loss 4.5735``, ``step 5 | loss 3.2``;
     not the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
-    return tuple(MetricDefinition(name, r"(?:^|[|,:]\s*)" + k + r"\s+" + NUM) for k in keys)
+    # one regex for all the spellings: each is a search per line of every log
+    return (MetricDefinition(name, r"(?:^|[|,:]\s*)(?:" + "|".join(keys) + r")\s+" + NUM),)
 
 
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"

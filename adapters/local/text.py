@@ -99,8 +99,8 @@ class TextReader(Reader):
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 matched = False
-                code = _SOURCE.match(line) is not None
-                source = source or code
+                if not source and _SOURCE.match(line):
+                    source = True
                 if line[:1] in _TS_START:
                     ts = _TIMESTAMP.match(line)
                     # a date-like prefix that is no real timestamp leaves the clock alone
@@ -117,7 +117,8 @@ class TextReader(Reader):
                     text = m.group(1)
                     if text is None:
                         continue
-                    if not matched and (code or (source and _INDENTED.match(line))):
+                    if not matched and source and (_SOURCE.match(line)
+                                                   or _INDENTED.match(line)):
                         break  # source code, kept as a log line
                     try:
                         value = float(text) * scale

@@ -300,8 +300,7 @@ class Plateau(Rule):
             mid_improvement = sign * (median(v[head]) - median(v[middle]))
             if mid_improvement > improvement:
                 improvement, kt = mid_improvement, int(middle.sum())
-        # A median of k points has a standard error of about 1.25 sigma / sqrt(k).
-        se = 1.25 * diff_sigma(v) * math.sqrt(1.0 / kh + 1.0 / kt)
+        se = _median_gap_se(diff_sigma(v), kh, kt)
         margin = self._t(len(v)) * se
         # near the last logged digit, 1 % of the level is below what the log can show
         least = max(p.min_rel_improvement * level, quantum)
@@ -327,7 +326,7 @@ class Plateau(Rule):
         level, sigma = abs(median(tail)), diff_sigma(v)
         t = self._t(len(v))
         improvement = sign * (median(v[:3]) - median(tail))
-        if improvement - t * 1.25 * sigma * math.sqrt(1.0 / 3 + 1.0 / len(tail)) \
+        if improvement - t * _median_gap_se(sigma, 3, len(tail)) \
                 <= p.min_rel_improvement * level:
             return False
         # the best stretch before the window, in stretches a third of the window long
@@ -335,8 +334,8 @@ class Plateau(Rule):
         best = min(sign * median(v[a:a + k]) for a in range(0, lo - k + 1, k)) \
             if lo >= k else sign * median(v[:lo])
         worse = sign * median(tail) - best
-        margin = t * 1.25 * sigma * math.sqrt(1.0 / k + 1.0 / len(tail))
-        return bool(worse - margin <= p.min_rel_improvement * level)
+        return bool(worse - t * _median_gap_se(sigma, k, len(tail))
+                    <= p.min_rel_improvement * level)
 
     def _begins_late(self, steps: FloatArray) -> bool:
         """Whether the judged points' steps begin so far into training that they cover
@@ -517,15 +516,13 @@ class Plateau(Rule):
                    improvement: float, se: float, level: float, mode: str, quantum: float,
                    begins: float | None = None) -> Finding:
         p: PlateauParams = self.params
-        if abs(improvement) <= quantum * (1 + 1e-6):  # medians a logged unit apart at most
-            change = f"no change beyond its last logged digit, {quantum:g},"
-        else:
-            change = f"{improvement / level:+.2%}"
-
+        unit = quantum * (1 + 1e-6)  # medians a logged unit apart at most, as printed
+        change = (f"no change beyond its last logged digit, {quantum:g},"
+                  if abs(improvement) <= unit else f"{improvement / level:+.2%}")
         best_at = int(np.argmin(v)) if mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
-        if improvement < -max(p.min_rel_improvement * level, quantum * (1 + 1e-6)):
+        if improvement < -max(p.min_rel_improvement * level, unit):
             # A held-out loss getting worse while the training loss learns: past its best.
             where = f" at step {best_step:g}" if best_step is not None else ""
             msg = (f"{s.name} learnt and is now getting worse ({improvement / level:+.2%} over "
@@ -653,6 +650,12 @@ def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
     if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
         return t
     return np.arange(len(s), dtype=float)
+
+
+def _median_gap_se(sigma: float, a: int, b: int) -> float:
+    """Standard error of the difference of two medians of ``a`` and ``b`` points of noise
+    ``sigma``: a median of k points has one of about 1.25 sigma / sqrt(k)."""
+    return 1.25 * sigma * math.sqrt(1.0 / a + 1.0 / b)
 
 
 def _trailing_spike(v: FloatArray, factor: float) -> int:
