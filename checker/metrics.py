@@ -246,6 +246,36 @@ def accuracy_partner(job: Job, s: Series) -> Series | None:
     return _shortest(same or found) if found else None
 
 
+_LR = re.compile(r"lr\d*")
+
+
+def _is_learning_rate(name: str) -> bool:
+    w = words(name)
+    return (any(_LR.fullmatch(x) for x in w) or ("learning" in w and "rate" in w)) \
+        and not {"loss", "scale", "decay", "finder"} & set(w)
+
+
+def learning_rate(job: Job) -> Series | None:
+    """The optimiser's learning rate as the run logs it (``lr``, ``learning_rate``,
+    ``lr-AdamW``, ``train/lr``, Ultralytics' ``x/lr0``): the one of fewest words."""
+    found = [s for k, s in sorted(job.series.items()) if len(s) and _is_learning_rate(k)]
+    return _shortest(found) if found else None
+
+
+def warming_up(job: Job) -> bool:
+    """Whether the learning rate is still in its warm-up: it rose at its latest record
+    to the highest value so far (a rate held at its peak after warm-up is no longer
+    warming up). An optimiser at a small fraction of its rate has not started to learn
+    yet: a loss at ln 2 for the first 80 of 2,900 steps of a DPO run (its rate rising
+    linearly to step 290) is no verdict on the run."""
+    lr = learning_rate(job)
+    if lr is None:
+        return False
+    v = lr.value[np.isfinite(lr.value)]
+    # a relative margin: a rate printed to a few digits is not rising by its rounding
+    return len(v) >= 2 and v[-1] >= v.max() and v[-1] > v[-2] * (1 + 1e-6) and v[-1] > 0
+
+
 def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
     """``s`` as one point per epoch (the median of each epoch's points, at its last step)
     when the job logs an ``epoch`` column and ``s`` has at least ``min_per_epoch`` points

@@ -64,3 +64,37 @@ def test_a_fast_log_that_hangs_is_held_to_the_fixed_threshold_as_before() -> Non
     assert _at(job, float(times[-1]) + 1_700.0) == []
     (f,) = _at(job, float(times[-1]) + 1_900.0)
     assert f.evidence["threshold_s"] == 1_800.0
+
+
+def _no_start(job: Job) -> Job:
+    """As a local file with no start time reads: its first record is its start."""
+    job.start_time = float(job.series["step"].time[0])
+    return job
+
+
+def test_one_record_and_no_start_time_is_a_warning_not_a_stop() -> None:
+    """A CSV whose first row is the first two-hour epoch's record: nothing says how long
+    a record takes, so a silence after it is a warning (the cadence is unknown), never
+    critical, however long; from the second record on, the epoch is learnt."""
+    job = _no_start(_job(1))
+    last = float(job.series["step"].time[-1])
+    for hours in (0.75, 1.5, 1.9, 6.0, 24.0):
+        (f,) = _at(job, last + hours * 3600.0)
+        assert f.severity is Severity.WARNING, hours
+        assert f.evidence["cadence_unknown"] is True
+        assert "cadence is unknown" in f.message
+    job = _no_start(_job(2))
+    last = float(job.series["step"].time[-1])
+    assert _at(job, last + EPOCH + 60.0) == []
+    (f,) = _at(job, last + 12 * 3600.0)
+    assert f.severity is Severity.CRITICAL
+    assert "cadence_unknown" not in f.evidence
+
+
+def test_one_record_after_a_known_start_is_still_judged_on_its_start() -> None:
+    """With the start known, the start-up gap bounds the cadence: a hang after it is
+    critical (only an unknown start makes the first silence a warning)."""
+    job = _job(1)
+    last = float(job.series["step"].time[-1])
+    (f,) = _at(job, last + 12 * 3600.0)
+    assert f.severity is Severity.CRITICAL

@@ -61,6 +61,7 @@ from trainguard.checker.metrics import (
     per_epoch,
     primary,
     training_objective,
+    warming_up,
 )
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.policy import Policy
@@ -197,6 +198,8 @@ class Plateau(Rule):
         on_steps = x is s.step
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
+        if warming_up(job):
+            return []  # the optimiser is not at its rate yet: nothing to judge
         mode = self._mode(s, ctx.policy)
         if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
             # Improvement relative to the level needs a floor at zero; a loss that went

@@ -169,6 +169,13 @@ class Stall(Rule):
             return []
         severity = Severity.CRITICAL if silence > p.critical_factor * thr else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
+        unknown = restarted is None and _cadence_unknown(job, c)
+        if unknown:
+            # One progress record and nothing known before it (a file whose first line is
+            # its first epoch's record): the job may take hours per record, and no silence
+            # it came back from says so yet. A warning until the second record.
+            severity = Severity.WARNING
+            why = f"{why}; one progress record and no start time: its cadence is unknown"
         if phase is not None:
             why = (f"in a '{phase}' pause for {_span(silence)}, longer than a pause may "
                    f"take; {why}")
@@ -179,6 +186,8 @@ class Stall(Rule):
         }
         if util is not None:
             evidence["gpu_util_during_silence"] = util
+        if unknown:
+            evidence["cadence_unknown"] = True
         loop = ""
         if c is not None and c.loop > 1:
             # each process wrote its checkpoint's record again and got no further
@@ -346,6 +355,14 @@ def _restart_since(job: Job, last: float, now: float) -> float | None:
     """The latest restart of the job after ``last`` and by ``now``, if any."""
     later = [r for r in job.restart_times if last < r <= now]
     return max(later) if later else None
+
+
+def _cadence_unknown(job: Job, c: Cadence | None) -> bool:
+    """Whether nothing bounds the job's cadence yet: at most one progress record and no
+    start before it (a local file's start is its first record when it names none)."""
+    if c is None:
+        return job.start_time is None
+    return c.updates < 2 and (job.start_time is None or job.start_time >= c.first_update)
 
 
 def _startup(job: Job, c: Cadence | None) -> float:
