@@ -100,12 +100,21 @@ class CumulativeTime:
     def __init__(self) -> None:
         self.offset = 0.0
         self.last_raw = -math.inf
+        self.read = self.drops = 0
 
     def __call__(self, raw: float) -> float:
+        self.read += 1
         if raw < self.last_raw:
             self.offset += self.last_raw
+            self.drops += 1
         self.last_raw = raw
         return self.offset + raw
+
+    def per_record(self) -> bool:
+        """Whether the field is no clock but each record's own duration (Detectron2's and
+        MMEngine's ``time``: seconds per iteration): a cumulative time drops only where a
+        run restarts, a duration at about every other record."""
+        return self.drops > max(2, self.read // 10)
 
 
 def ffill(values: FloatArray, lead: float | None) -> FloatArray:

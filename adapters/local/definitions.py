@@ -33,17 +33,20 @@ def at_word_start(key: str) -> str:
 
 
 def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
-    """``key=value`` or ``key: value``, one definition per spelling of the key."""
-    return tuple(MetricDefinition(name, at_word_start(k) + r"\s*[:=]\s*" + NUM)
+    """``key=value`` or ``key: value``, one definition per spelling of the key; the key may
+    be quoted (the dict the Hugging Face Trainer prints, ``{'loss': 2.1095, ...}``)."""
+    return tuple(MetricDefinition(name, at_word_start(k) + r"['\"]?\s*[:=]\s*" + NUM)
                  for k in keys or (name,))
 
 
 def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     """``key value`` with only spaces between, where a field begins (the line's start, or
-    after ``|``, ``,`` or ``:``): nanoGPT's ``iter 10: loss 4.5735``, ``step 5 | loss 3.2``;
-    not the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
+    after ``|``, ``,``, ``:`` or a ``[tag]``): nanoGPT's ``iter 10: loss 4.5735``,
+    ``step 5 | loss 3.2``, ``[train] iter 10:``, Megatron's `` iteration   1/ 500 |``; not
+    the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
     # one regex for all the spellings: each is a search per line of every log
-    return (MetricDefinition(name, r"(?:^|[|,:]\s*)(?:" + "|".join(keys) + r")\s+" + NUM),)
+    return (MetricDefinition(name, r"(?:^\s*|[|,:\]]\s*)(?:" + "|".join(keys) + r")\s+"
+                             + NUM),)
 
 
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
@@ -58,18 +61,19 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_spaced(STEP, "step", "Step", "iter", "Iter", "iteration", "Iteration"),
     MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
+    MetricDefinition(PLANNED, at_word_start("iteration") + _TOTAL),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
                      time=True, scale=0.001),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",
                      time=True),
     # the CamelCase and spaced spellings scripts print ("TrainLoss=1.87 | ValLoss=1.30")
-    *_kv("val_loss", "val_loss", "ValLoss", "valLoss", "Val Loss", "val loss"),
+    *_kv("val_loss", "val_loss", "eval_loss", "ValLoss", "valLoss", "Val Loss", "val loss"),
     *_spaced("val_loss", "val_loss", "val loss", "Val Loss"),
     *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss", "Train Loss", "train loss"),
     *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
     *_kv("loss", "loss", "Loss"),
     *_spaced("loss", "loss", "Loss"),
-    *_kv("lr"),
+    *_kv("lr", "lr", "learning_rate"),
     *_kv("epoch", "epoch", "Epoch"),
 )
 

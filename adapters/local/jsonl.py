@@ -71,7 +71,7 @@ class JsonLinesReader(Reader):
                     obj = json.loads(line)
                 except ValueError as e:
                     if not line.endswith("\n") and f.read(1) == "":
-                        return  # the last line is still being written
+                        break  # the last line is still being written
                     raise FormatError(path, f"not valid JSON: {e}", lineno) from None
                 if not isinstance(obj, dict):
                     raise FormatError(path, f"expected a JSON object, found "
@@ -79,3 +79,4 @@ class JsonLinesReader(Reader):
                 fields: list[tuple[str, str | float]] = []
                 _flatten(obj, "", fields)
                 records.add(fields, lineno, epoch_is_step=True)
+        records.finish()

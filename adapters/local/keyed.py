@@ -4,6 +4,7 @@ which the time, and which are metrics."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -17,7 +18,10 @@ from trainguard.adapters.local.base import (
 )
 from trainguard.adapters.local.errors import FormatError
 
-STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step"})
+STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step",
+                       "current_steps"})
+#: The planned number of steps, as LLaMA-Factory's ``trainer_log.jsonl`` gives it.
+PLANNED_KEYS = frozenset({"total_steps", "max_steps"})
 WALL_KEYS = frozenset({"timestamp", "wall_time", "walltime", "_timestamp", "created_at",
                        "datetime"})
 ELAPSED_KEYS = frozenset({"elapsed", "elapsed_time", "elapsed_s", "_runtime", "relative_time",
@@ -38,7 +42,22 @@ def role(key: str) -> str:
         return "time"
     if low == "epoch":
         return "epoch"
+    if low in PLANNED_KEYS:
+        return "planned"
     return "metric"
+
+
+#: A duration as Python's ``str(timedelta)`` writes it: ``0:32:48``, ``9 days, 21:39:23``.
+_DURATION = re.compile(r"\s*(?:(\d+) days?, )?(\d+):([0-5]\d):([0-5]\d(?:\.\d*)?)\s*")
+
+
+def duration(text: str) -> float | None:
+    """Seconds in a ``[D day(s), ]H:MM:SS`` text (LLaMA-Factory's ``elapsed_time``)."""
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        return None
+    days, h, mi, sec = m.groups()
+    return ((int(days or 0) * 24 + int(h)) * 60 + int(mi)) * 60 + float(sec)
 
 
 class KeyedRecords:
@@ -55,6 +74,8 @@ class KeyedRecords:
         try:
             return float(cell)
         except ValueError:
+            if role(key) == "elapsed" and (seconds := duration(cell)) is not None:
+                return seconds
             raise FormatError(self.path, f"{self.field} {key!r}: cannot read {cell!r} as a "
                               "number", line) from None
 
@@ -86,6 +107,10 @@ class KeyedRecords:
                 step = self.number(key, cell, line)
             elif r == "epoch":
                 epoch = self.number(key, cell, line)
+            elif r == "planned":
+                planned = self.number(key, cell, line)
+                if math.isfinite(planned) and planned > 0:
+                    self.run.planned_steps = int(planned)
             elif r == "elapsed":
                 elapsed = self.clock(self.number(key, cell, line))
             else:
@@ -103,3 +128,9 @@ class KeyedRecords:
             add(key, value, step, wall, elapsed, line)
         if not metrics and not math.isnan(step):
             add("step", step, step, wall, elapsed, line)
+
+    def finish(self) -> None:
+        """After the last record: a time field that was each record's duration is no time
+        axis (the run's clock is then its steps, or its wall time where it has one)."""
+        if self.clock.per_record():
+            self.run.elapsed[:] = [math.nan] * len(self.run.elapsed)

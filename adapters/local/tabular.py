@@ -93,6 +93,7 @@ class CsvReader(Reader):
                 if i == last and partial_tail:
                     break
                 raise
+        records.finish()
 
 
 def _other_separator(header: str, delimiter: str) -> str | None:

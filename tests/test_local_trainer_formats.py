@@ -1,0 +1,161 @@
+"""Files of popular trainers, written in the test as each trainer writes them (the lines'
+shapes copied from public runs: LLaMA-Factory's ``trainer_log.jsonl``, Detectron2's and
+MMEngine's ``metrics.json``/``scalars.json``, the Hugging Face Trainer's console, a
+nanoGPT-style ``[train] iter`` log, Megatron-LM's iteration lines), read by the real
+readers.
+
+Each was seen to fail on a public run: LLaMA-Factory's log was refused whole
+("key 'elapsed_time': cannot read '0:32:48' as a number") and its steps (``current_steps``)
+not read; Detectron2's per-iteration ``time`` (seconds per iteration) was taken for the
+run's clock; 2 of the 175 losses a TRL console log prints were read (the key is quoted);
+``[train] iter 10:`` and Megatron's leading-space ``iteration`` gave no steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainguard.adapters.local import FormatError, load_run
+from trainguard.checker.model import Job
+
+
+def _load(path: Path) -> Job:
+    job = load_run(path)
+    assert isinstance(job, Job)
+    return job
+
+
+def _llamafactory(n: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for i in range(1, n + 1):
+        elapsed = 1968 * i  # 32 min 48 s per 5 steps
+        remaining = 1968 * (n - i) + 3 * 86400
+        rows.append({
+            "current_steps": 5 * i, "total_steps": 5 * n, "loss": round(2.35 - 0.01 * i, 4),
+            "lr": 1e-5 * i / n, "epoch": i / n, "percentage": round(100 * i / n, 2),
+            "elapsed_time": _timedelta(elapsed), "remaining_time": _timedelta(remaining)})
+    return rows
+
+
+def _timedelta(seconds: int) -> str:
+    """As Python's ``str(timedelta(seconds=...))`` writes it."""
+    days, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    clock = f"{h}:{m:02d}:{s:02d}"
+    return f"{days} day{'s' if days > 1 else ''}, {clock}" if days else clock
+
+
+def test_llamafactory_trainer_log(tmp_path: Path) -> None:
+    path = tmp_path / "saves" / "trainer_log.jsonl"
+    path.parent.mkdir()
+    rows = _llamafactory(40)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = _load(path)
+    assert job.planned_steps == 200
+    assert job.clock == "elapsed"
+    loss = job.series["loss"]
+    assert loss.step.tolist() == [5.0 * i for i in range(1, 41)]
+    # "0:32:48" is 1,968 s; the 40th record is "21:52:00", past a day's worth of "H:"
+    assert np.diff(loss.time).tolist() == [1968.0] * 39
+    assert loss.value[0] == pytest.approx(2.34)
+    assert "remaining_time" not in job.series  # a text, not a metric
+
+
+def test_llamafactory_durations_of_days_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "trainer_log.jsonl"
+    path.write_text(
+        json.dumps({"current_steps": 5, "loss": 2.0, "elapsed_time": "23:59:59"}) + "\n"
+        + json.dumps({"current_steps": 10, "loss": 1.9, "elapsed_time": "1 day, 0:00:09"})
+        + "\n" + json.dumps({"current_steps": 15, "loss": 1.8,
+                             "elapsed_time": "2 days, 0:00:09"}) + "\n")
+    t = _load(path).series["loss"].time
+    assert (t - t[0]).tolist() == [0.0, 10.0, 86410.0]
+
+
+def test_a_time_key_that_is_no_duration_names_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "trainer_log.jsonl"
+    path.write_text(json.dumps({"current_steps": 5, "loss": 2.0, "elapsed_time": "0:32:48"})
+                    + "\n" + json.dumps({"current_steps": 10, "loss": 1.9,
+                                         "elapsed_time": "about an hour"}) + "\n")
+    with pytest.raises(FormatError) as e:
+        load_run(path)
+    msg = str(e.value)
+    assert str(path) in msg and ":2:" in msg and "'elapsed_time'" in msg
+    assert "about an hour" in msg
+
+
+def test_detectron2_time_per_iteration_is_no_clock(tmp_path: Path) -> None:
+    """Detectron2 writes ``time`` (seconds per iteration, up and down) every 20
+    iterations; MMEngine does the same in ``scalars.json``. It is no time axis: the run is
+    on its steps, not on a clock that advances a fraction of a second per record."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "output" / "metrics.json"
+    path.parent.mkdir()
+    lines = [json.dumps({"data_time": 0.004, "eta_seconds": 99.0 - i, "iteration": 19 + 20 * i,
+                         "loss_cls": 0.7 / (1 + i), "lr": 1.6e-5 * (i + 1),
+                         "time": float(0.35 + rng.normal(0, 0.02)),
+                         "total_loss": 2.1 / (1 + 0.3 * i)})
+             for i in range(30)]
+    path.write_text("\n".join(lines) + "\n")
+    job = _load(path)
+    assert job.clock == "step"
+    assert job.series["total_loss"].step.tolist() == [19.0 + 20 * i for i in range(30)]
+
+
+def test_a_cumulative_time_that_restarts_once_is_still_the_clock(tmp_path: Path) -> None:
+    """The control: a run's own cumulative ``time`` that starts again at a resume."""
+    path = tmp_path / "log.jsonl"
+    times = [10.0 * i for i in range(1, 21)] + [5.0 * i for i in range(1, 21)]
+    path.write_text("".join(json.dumps({"step": i + 1, "loss": 1.0 / (i + 1), "time": t}) + "\n"
+                            for i, t in enumerate(times)))
+    job = _load(path)
+    assert job.clock == "elapsed"
+    t = job.series["loss"].time
+    assert t[19] - t[0] == 190.0 and t[-1] - t[20] == 95.0
+
+
+def test_hugging_face_console_dicts(tmp_path: Path) -> None:
+    """The dict the Trainer prints at each logging step, between tqdm redraws (joined by
+    carriage returns) and library warnings, as ``nohup python train.py > training.log``
+    keeps it."""
+    bars = "".join(f"\r  {i // 2}%|          | {i}/200 [00:{i:02d}<10:00, 21.00s/it]"
+                   for i in range(1, 11))
+    lines = ["2025-06-01 10:00:00.000000: I tensorflow/core/util/port.cc:153] oneDNN on."]
+    for k in range(1, 11):
+        lines.append(bars)
+        lines.append(f"{{'loss': {2.1 - 0.05 * k:.4f}, 'grad_norm': 0.5, 'learning_rate': "
+                     f"{2e-5 * k}, 'mean_token_accuracy': 0.57, 'epoch': {0.01 * k:.2f}}}")
+    lines.append("{'eval_loss': 1.9, 'eval_runtime': 12.3, 'epoch': 0.1}")
+    path = tmp_path / "training.log"
+    path.write_text("\n".join(lines) + "\n")
+    job = _load(path)
+    assert job.series["loss"].value.tolist() == pytest.approx([2.1 - 0.05 * k
+                                                               for k in range(1, 11)])
+    assert job.series["lr"].value[-1] == pytest.approx(2e-4)
+    assert job.series["val_loss"].value.tolist() == [1.9]
+
+
+def test_bracketed_tags_and_megatron_iterations(tmp_path: Path) -> None:
+    nano = tmp_path / "train.log"
+    nano.write_text("[train] tokens/iter = 393,216 | vocab = 16384\n"
+                    "[eval] iter 0: train 9.8508 val 9.8491 lr 7.50e-07\n"
+                    + "".join(f"[train] iter {10 * i}: loss {8.7 - 0.1 * i:.4f} 11136 ms/iter\n"
+                              for i in range(1, 21)))
+    job = _load(nano)
+    assert job.series["loss"].step.tolist() == [10.0 * i for i in range(1, 21)]
+    mega = tmp_path / "megatron.log"
+    mega.write_text("".join(
+        f" iteration {i:8d}/{500:8d} | consumed samples: {16 * i:12d} | elapsed time per "
+        f"iteration (ms): 15165.9 | learning rate: 2.000E-07 | global batch size:    16 | "
+        f"lm loss: {12.6 - 0.01 * i:.6E} | loss scale: 1.0 | grad norm: 20.203 |\n"
+        for i in range(1, 31)))
+    job = _load(mega)
+    assert job.planned_steps == 500
+    loss = job.series["loss"]
+    assert loss.step.tolist() == [float(i) for i in range(1, 31)]
+    assert loss.value[0] == pytest.approx(12.59)
