@@ -8,6 +8,7 @@ of spellings alone.
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -262,18 +263,22 @@ def learning_rate(job: Job) -> Series | None:
     return _shortest(found) if found else None
 
 
-def warming_up(job: Job) -> bool:
-    """Whether the learning rate is still in its warm-up: it rose at its latest record
-    to the highest value so far (a rate held at its peak after warm-up is no longer
-    warming up). An optimiser at a small fraction of its rate has not started to learn
-    yet: a loss at ln 2 for the first 80 of 2,900 steps of a DPO run (its rate rising
-    linearly to step 290) is no verdict on the run."""
+def warmup_end(job: Job) -> float | None:
+    """When the learning rate's warm-up ended: the time of the first record at which the
+    rate, rising from its first record on, stopped rising; ``inf`` while it still rises;
+    None when the run logs no rate or its rate did not rise at first. An optimiser at a
+    small fraction of its rate has not started to learn yet: a DPO run's loss at ln 2 for
+    its first 80 of 2,900 steps, its rate rising linearly to step 290, is no verdict."""
     lr = learning_rate(job)
-    if lr is None:
-        return False
-    v = lr.value[np.isfinite(lr.value)]
+    if lr is None or len(lr) < 2:
+        return None
+    r = lr.value
     # a relative margin: a rate printed to a few digits is not rising by its rounding
-    return len(v) >= 2 and v[-1] >= v.max() and v[-1] > v[-2] * (1 + 1e-6) and v[-1] > 0
+    rising = r[1:] > r[:-1] * (1 + 1e-6)
+    if not rising[0]:
+        return None
+    stops = np.flatnonzero(~rising)
+    return float(lr.time[stops[0]]) if len(stops) else math.inf
 
 
 def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:

@@ -58,11 +58,10 @@ from trainguard.checker.metrics import (
     accuracy_partner,
     is_eval,
     is_reward,
-    learning_rate,
     per_epoch,
     primary,
     training_objective,
-    warming_up,
+    warmup_end,
 )
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.policy import Policy
@@ -199,7 +198,7 @@ class Plateau(Rule):
         on_steps = x is s.step
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
-        if warming_up(job):
+        if warmup_end(job) == math.inf:
             return []  # the optimiser is not at its rate yet: nothing to judge
         mode = self._mode(s, ctx.policy)
         if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
@@ -668,15 +667,8 @@ def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
 def _after_warmup(job: Job, s: Series, idx: np.ndarray) -> int:
     """The first of the points ``s[idx]`` logged once the learning rate had stopped rising
     (0 when the run logs no rate, or its rate never rose)."""
-    lr = learning_rate(job)
-    if lr is None or len(lr) < 3:
-        return 0
-    r = lr.value
-    stops = np.flatnonzero(~(r[1:] > r[:-1] * (1 + 1e-6)))
-    if not len(stops) or stops[0] == 0:
-        return 0  # never rose, or did not rise at first: no warm-up
-    end = float(lr.time[stops[0]])
-    return int(np.searchsorted(s.time[idx], end, "left"))
+    end = warmup_end(job)
+    return 0 if end is None else int(np.searchsorted(s.time[idx], end, "left"))
 
 
 def _median_gap_se(sigma: float, a: int, b: int) -> float:
