@@ -159,3 +159,28 @@ def test_bracketed_tags_and_megatron_iterations(tmp_path: Path) -> None:
     loss = job.series["loss"]
     assert loss.step.tolist() == [float(i) for i in range(1, 31)]
     assert loss.value[0] == pytest.approx(12.59)
+
+
+def test_mmengine_text_logs(tmp_path: Path) -> None:
+    """MMEngine's logger: a slashed date, ``Epoch(train) [E][i/N]`` (the iteration restarts
+    each epoch, so only the epoch is read) or ``Iter(train) [i/N]``."""
+    epochs = tmp_path / "20230605_200941.log"
+    epochs.write_text("".join(
+        f"2023/06/05 20:{10 + k // 6:02d}:{(k % 6) * 9:02d} - mmengine - INFO - "
+        f"Epoch(train)   [{k // 6 + 1}][{k % 6 + 1}/6]  lr: {4e-8 + 2e-4 * k:.6e}  eta: 4:59:11"
+        f"  time: 9.978710  data_time: 9.013012  loss: {0.42 - 0.002 * k:.6f}  "
+        f"loss_kpt: {0.42 - 0.002 * k:.6f}  acc_pose: 0.007440\n" for k in range(30)))
+    job = _load(epochs)
+    assert job.clock == "wall"
+    loss = job.series["loss"]
+    assert len(loss) == 30 and loss.value[-1] == pytest.approx(0.362)
+    assert np.diff(loss.time)[:5].tolist() == [9.0] * 5
+    assert job.series["epoch"].value.tolist() == [k // 6 + 1.0 for k in range(30)]
+    iters = tmp_path / "seg.log"
+    iters.write_text("".join(
+        f"2024/01/02 10:00:{k:02d} - mmengine - INFO - Iter(train) [{50 * (k + 1):5d}/20000]"
+        f"  lr: 1.0000e-02  eta: 1 day, 2:03:04  time: 0.4  data_time: 0.01  memory: 3000  "
+        f"loss: {1.5 - 0.01 * k:.4f}  decode.loss_ce: 1.2\n" for k in range(20)))
+    job = _load(iters)
+    assert job.planned_steps == 20000
+    assert job.series["loss"].step.tolist() == [50.0 * (k + 1) for k in range(20)]

@@ -116,4 +116,3 @@ def test_a_loss_that_rose_over_warm_up_is_measured_from_its_end(tmp_path: Path) 
     assert _warnings(_jsonl(tmp_path, "with_lr", loss, lr)) == []
     found = _warnings(_jsonl(tmp_path, "without_lr", loss, None))
     assert found and "never improved on its first value" in found[0], found
-

@@ -62,6 +62,11 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("iteration") + _TOTAL),
+    # MMEngine's logger: "Iter(train) [  50/20000]" (iteration-based loops), and the epoch
+    # of "Epoch(train) [3][10/50]" (its iteration restarts each epoch: no step)
+    MetricDefinition(STEP, r"Iter\(train\)\s*\[\s*(\d+)/\d+\]"),
+    MetricDefinition(PLANNED, r"Iter\(train\)\s*\[\s*\d+/(\d+)\]"),
+    MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]"),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
                      time=True, scale=0.001),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",

@@ -23,8 +23,10 @@ from trainguard.adapters.local.definitions import (
 from trainguard.adapters.local.errors import FormatError
 
 # An ISO-8601 timestamp at the start of a line, optionally in brackets.
+# ISO-8601, or with slashes in the date as MMEngine's logger writes it (2023/06/05 20:10:13)
 _TIMESTAMP = re.compile(
-    r"\[?(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)")
+    r"\[?(\d{4}([-/])\d{2}\2\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
+    r"(?:Z|[+-]\d{2}(?::?\d{2})?)?)")
 _TS_START = frozenset("0123456789[")
 # A line of Python source, which some scripts print at the top of their log (the
 # modded-nanogpt records hold their training script): a statement keyword, a call to
@@ -106,7 +108,8 @@ class TextReader(Reader):
                     # a date-like prefix that is no real timestamp leaves the clock alone
                     if ts is not None:
                         with contextlib.suppress(ValueError):
-                            wall = parse_timestamp(ts.group(1).replace(",", "."))
+                            wall = parse_timestamp(
+                                ts.group(1).replace(",", ".").replace("/", "-"))
                 hit = -1
                 for rx, role, gid, name, scale, series in entries:
                     if gid == hit:
