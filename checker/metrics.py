@@ -259,7 +259,8 @@ def _is_learning_rate(name: str) -> bool:
 def learning_rate(job: Job) -> Series | None:
     """The optimiser's learning rate as the run logs it (``lr``, ``learning_rate``,
     ``lr-AdamW``, ``train/lr``, Ultralytics' ``x/lr0``): the one of fewest words."""
-    found = [s for k, s in sorted(job.series.items()) if len(s) and _is_learning_rate(k)]
+    series = job.series  # read by name: a replay re-asks only when a rate changes
+    found = [series[k] for k in sorted(series) if _is_learning_rate(k) and len(series[k])]
     return _shortest(found) if found else None
 
 
@@ -272,13 +273,22 @@ def warmup_end(job: Job) -> float | None:
     lr = learning_rate(job)
     if lr is None or len(lr) < 2:
         return None
-    r = lr.value
-    # a relative margin: a rate printed to a few digits is not rising by its rounding
-    rising = r[1:] > r[:-1] * (1 + 1e-6)
-    if not rising[0]:
-        return None
-    stops = np.flatnonzero(~rising)
-    return float(lr.time[stops[0]]) if len(stops) else math.inf
+    r, n = lr.value, len(lr)
+    # Read from the start in growing chunks: a warm-up is a small part of a run, so a
+    # replay that asks at every record reads about the warm-up's length, not the run's.
+    m = 64
+    while True:
+        m = min(m, n)
+        # a relative margin: a rate printed to a few digits is not rising by its rounding
+        rising = r[1:m] > r[:m - 1] * (1 + 1e-6)
+        if not rising[0]:
+            return None
+        stops = np.flatnonzero(~rising)
+        if len(stops):
+            return float(lr.time[stops[0]])
+        if m == n:
+            return math.inf
+        m *= 16
 
 
 def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:

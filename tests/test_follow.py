@@ -280,3 +280,24 @@ def test_a_rule_banding_its_series_runs_only_when_a_value_leaves_the_band(
     assert final == (["1 outside"] if rule.nonfinite else ["2 outside"])
     # what the replay said at the end is what a fresh judgement says
     assert [h.finding.message for h in result.histories] == final
+
+
+class Rate(_Counting):
+    name = "rate"
+
+    def seen(self, job: Job, ctx: Context) -> str:
+        from trainguard.checker.metrics import learning_rate, warmup_end
+
+        lr = learning_rate(job)
+        return f"{len(lr) if lr is not None else 0} rates, warm-up ends {warmup_end(job)}"
+
+
+def test_looking_up_the_learning_rate_reads_only_the_rates() -> None:
+    """``plateau`` asks for the learning rate at each judgement: looking it up by name
+    must not count as reading every series (a replay of a million records re-ran plateau
+    at every record, 36 s instead of 3 s, while the lookup read them all). The job logs
+    no rate, so a new loss record changes nothing the rule read; a rate would."""
+    Rate.runs = 0
+    followers = Followers()
+    _tick_by_tick([Rate()], followers)
+    assert Rate.runs == 1 + 1  # the first tick, and the last (the job's end shows)
