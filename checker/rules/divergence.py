@@ -182,15 +182,23 @@ class Divergence(Rule):
 
     def _collapsed(self, job: Job, s: Series, t: Climbs) -> Finding | None:
         """The objective dropped to exactly zero from a level it was learning at, and
-        stayed there (``divergence_zero``)."""
+        stayed there (``divergence_zero``), or got stuck on one exact value far above its
+        lowest (``divergence_stuck``)."""
         p: DivergenceParams = self.params
-        c = t.zeros.verdict()
-        if c is None:
+        if (c := t.zeros.verdict()) is not None:
+            what = (f"dropped to exactly 0 from {c.level:.4g} and stayed there for "
+                    f"{p.recover_points} points: nothing is learnt (an fp16 overflow, or "
+                    "every label masked? its grad_norm says)")
+            evidence = {"level_before": c.level, "kind": "collapsed"}
+        elif (c := t.stuck.verdict()) is not None:
+            value = t.stuck.value
+            what = (f"stuck at exactly {value:.6g} for {p.recover_points} points, "
+                    f"{value / c.level:.3g}x its lowest value {c.level:.4g}: the model "
+                    "collapsed to a constant output (ln V is a uniform guess over V tokens "
+                    "or classes)")
+            evidence = {"level_before": c.level, "stuck_at": value, "kind": "collapsed"}
+        else:
             return None
-        what = (f"dropped to exactly 0 from {c.level:.4g} and stayed there for "
-                f"{p.recover_points} points: nothing is learnt (an fp16 overflow, or every "
-                "label masked? its grad_norm says)")
-        evidence = {"level_before": c.level, "kind": "collapsed"}
         if c.back is None or t.nf - c.end < p.recover_points:
             f = self._finding(job, s, t, c.at, None, Severity.CRITICAL, what)
             f.evidence.update(evidence)

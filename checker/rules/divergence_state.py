@@ -20,6 +20,7 @@ from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
 from trainguard.checker.rules.divergence_shift import Climb, Shifts
+from trainguard.checker.rules.divergence_stuck import Stuck
 from trainguard.checker.rules.divergence_zero import Zeros
 from trainguard.checker.seen import SMALL, Track
 from trainguard.checker.stats import rolling_median3, runs
@@ -394,6 +395,7 @@ class Climbs(Track):
         self.settled: Climb | None = None  # the last one settled: the run came back from it
         self.shifts = Shifts()  # the shift test's stretches (``divergence_shift``)
         self.zeros = Zeros()  # the collapse test's run of zeros (``divergence_zero``)
+        self.stuck = Stuck()  # the stretch stuck on one value (``divergence_stuck``)
         self.before: Before = {}
 
     def read(self, s: Series, p: DivergenceParams) -> None:
@@ -446,6 +448,7 @@ class Climbs(Track):
         else:
             last.append(x)
         self.zeros.point(x, at, self.nf, self.first, p)
+        self.stuck.point(x, at, self.nf, self.first, p)
         self.nf += 1
 
     def _stretch(self, high: bool, at: int, x: float, best: float,
@@ -515,6 +518,7 @@ class Climbs(Track):
             if start + length < m:
                 self._close(c, int(at[start + length]), p)
         self.zeros.many(v, at, self.nf, self.first, p)
+        self.stuck.many(v, at, self.nf, self.first, p)
         self.low = min(self.low, float(v.min()))
         self.best = float(cm[-1]) if len(cm) else self.best
         self.last = w[-2:].tolist()
@@ -565,9 +569,12 @@ class Climbs(Track):
             short = self.shifts.length_needed(going, p) - going.length
             if short <= 0:  # long enough: any point may make it a divergence
                 return nowhere
-        if self.open is not None:
+        stuck = self.stuck.run
+        if self.open is not None or (stuck is not None and stuck.back is None):
             return nowhere
         pending = [c.end for c in self.pending[:1] + self.shifts.pending[:1]]
+        if stuck is not None and self.nf - stuck.end < p.recover_points:
+            pending.append(stuck.end)  # until it has recovered
         left = min(pending) + p.recover_points - self.nf if pending else math.inf
         if going is not None:  # a divergence going on, or a stretch too short to be one
             return self._shifted_band(min(left, short), p)

@@ -350,24 +350,15 @@ class Plateau(Rule):
         """*Not learning* for a run that never improved on its first value (and whose
         training loss did not fall either), where the window test found no plateau or
         took it for convergence: its recent trend may be down, recovering part of a loss."""
-        # The loss when the learning rate's warm-up ended, where it stands higher than the
-        # first: values logged at a tiny rate are no level the run started from (a
-        # detector's loss that rose from 0.43 to 1.2 over its warm-up, then fell to 0.37).
-        k = _after_warmup(job, s, idx)
-        if k and k >= len(v) - 1:
-            return []  # the warm-up just ended: nothing logged after it to judge yet
-        first = k if k and sign * (v[k] - v[0]) > 0 else 0
-        never = self._never_improved(v[first:], sign)
+        never = self._never_improved(v, sign)
         if never is None or self._training_fell(job, ctx, s):
             return []
         improvement, best, level = never
         return [self._finding(
-            job, s, int(idx[first]), Severity.WARNING, "flat",
-            f"{s.name} never improved on its {'first' if not first else 'post-warm-up'} "
-            f"value {v[first]:.4g} in {len(v) - first} points "
+            job, s, int(idx[0]), Severity.WARNING, "flat",
+            f"{s.name} never improved on its first value {v[0]:.4g} in {len(v)} points "
             f"(best since {best:.4g}, {improvement / level:+.2%}): not learning",
-            {"points": len(v) - first, "rel_improvement": improvement / level,
-             "first": float(v[first]), "after_warmup": bool(first),
+            {"points": len(v), "rel_improvement": improvement / level, "first": float(v[0]),
              "best_since": best, "level": level, "never_improved": True})]
 
     def _never_improved(self, v: FloatArray, sign: float
@@ -662,13 +653,6 @@ def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
     if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
         return t
     return np.arange(len(s), dtype=float)
-
-
-def _after_warmup(job: Job, s: Series, idx: np.ndarray) -> int:
-    """The first of the points ``s[idx]`` logged once the learning rate had stopped rising
-    (0 when the run logs no rate, or its rate never rose)."""
-    end = warmup_end(job)
-    return 0 if end is None else int(np.searchsorted(s.time[idx], end, "left"))
 
 
 def _median_gap_se(sigma: float, a: int, b: int) -> float:
