@@ -91,6 +91,22 @@ def test_hung_writer_is_found_live_and_sigterm_lands(tmp_path: Path,
     assert actions.index(AuditAction.SKIP_PERSISTENCE) < actions.index(AuditAction.STOP)
 
 
+def test_a_writer_that_hangs_after_its_first_record_is_stopped(
+        tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """One record, then a hang (the first all-reduce): the log alone has no start before
+    its first record, so its cadence is unknown and a silence after it only a warning; the
+    process's own start time is the job's start, and the hang is critical and stopped."""
+    run = tmp_path / "first.jsonl"
+    p = spawn(procs, run, 1, "hang")
+    console, _ = quiet()
+    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.3, console, until=60,
+                   processes={run: p})
+    assert p.returncode == -15  # SIGTERM
+    [outcome] = result.runs
+    assert outcome.stopped_by == "stall" and outcome.steps == 1
+    assert outcome.start_time is not None and outcome.start_time < outcome.stopped_at
+
+
 def test_healthy_writer_runs_to_the_end(tmp_path: Path,
                                         procs: list[subprocess.Popen[bytes]]) -> None:
     run = tmp_path / "fine.jsonl"

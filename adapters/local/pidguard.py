@@ -26,6 +26,18 @@ def start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def started_at(pid: int) -> float | None:
+    """When the process started, in epoch seconds (boot time plus its start ticks), or
+    None where /proc does not say."""
+    ticks = start_time(pid)
+    try:
+        boot = next(float(line.split()[1]) for line in
+                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + int(ticks) / os.sysconf("SC_CLK_TCK") if ticks is not None else None
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 class PidHandle:
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard.adapters.local.pidguard import PidHandle
+from trainguard.adapters.local.pidguard import PidHandle, started_at
 
 GRACE_S = 10.0
 #: lines of a started process's output shown when it ends
@@ -52,6 +52,8 @@ class Process:
         self.group: int | None = None
         # A bare PID is pinned to the process it names now: never signal a PID reuse.
         self.handle = PidHandle(self.pid) if self.popen is None else None
+        # when it started: a run whose log has one record so far is judged from there
+        self.started_at = time.time() if self.popen is not None else started_at(self.pid)
         if self.popen is not None:
             with contextlib.suppress(OSError):
                 if os.getpgid(self.pid) == self.pid:  # it leads its own group

@@ -104,6 +104,11 @@ class LocalSource:
             return job
         alive = proc.poll(now)
         tags = {**job.tags, "pid": str(proc.pid)}
+        if job.clock == "wall" and proc.started_at is not None and (
+                job.start_time is None or proc.started_at < job.start_time):
+            # the log's first record is not its start: the process's start is (stall
+            # judges a silence after one record by how long the job took to reach it)
+            job = dataclasses.replace(job, start_time=proc.started_at)
         if alive:
             stopping = proc.term_sent_at is not None
             return dataclasses.replace(
