@@ -89,3 +89,34 @@ def test_ultralytics_top1_accuracy_at_one_over_k_confirms_chance_level(tmp_path:
     assert [(sev, kind) for sev, kind, _ in found] == [("warning", "chance")], found
     assert "chance level ln 53" in found[0][2]
     assert Severity.WARNING.value == found[0][0]
+
+
+def _state(tmp_path: Path, loss: list[float], name: str) -> Job:
+    import json
+
+    history = [{"step": 10 * (i + 1), "epoch": float(i + 1), "loss": x,
+                "grad_norm": 0.0 if x == 0 else 1.0, "learning_rate": 2e-4}
+               for i, x in enumerate(loss)]
+    path = tmp_path / name / "trainer_state.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"global_step": 10 * len(loss), "max_steps": 1000,
+                                "log_history": history}))
+    job = load_run(path)
+    assert isinstance(job, Job)
+    return job
+
+
+def test_a_loss_exactly_zero_from_its_first_record_is_not_learning(tmp_path: Path) -> None:
+    """A held-out LoRA fine-tune logged ``loss 0.0`` and ``grad_norm 0.0`` at all 100
+    records: nothing judged it (no level to improve on; the collapse test wants a fall to
+    zero). A triplet loss that is mostly 0, and a loss that learns down to 0, are not
+    this."""
+    found = _plateau(_state(tmp_path, [0.0] * 100, "masked"))
+    assert [(sev, kind) for sev, kind, _ in found] == [("warning", "flat")]
+    assert "exactly 0 at all 100 points" in found[0][2]
+    rng = np.random.default_rng(2)
+    triplet = np.where(rng.random(100) < 0.8, 0.0, np.round(rng.random(100) * 0.05, 4))
+    learnt = [*np.round(np.geomspace(0.7, 0.0001, 60), 4).tolist(), *[0.0] * 40]
+    for name, loss in (("triplet", triplet.tolist()), ("learnt", learnt)):
+        assert not [m for _, _, m in _plateau(_state(tmp_path, loss, name))
+                    if "exactly 0 at all" in m], name

@@ -201,6 +201,14 @@ class Plateau(Rule):
         if warmup_end(job) == math.inf:
             return []  # the optimiser is not at its rate yet: nothing to judge
         mode = self._mode(s, ctx.policy)
+        if mode == "min" and len(v) >= p.chance_min_points and not v.any():
+            # Exactly 0 from its first record on (with grad_norm 0: every label masked, a
+            # loss that sees no data): no level to improve on, and nothing is learnt.
+            return [self._finding(
+                job, s, int(np.flatnonzero(keep)[0]), Severity.WARNING, "flat",
+                f"{s.name} is exactly 0 at all {len(v)} points: nothing is learnt (every "
+                "label masked, or a loss that sees no data?)",
+                {"points": len(v), "all_zero": True})]
         if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
             # Improvement relative to the level needs a floor at zero; a loss that went
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none. A
