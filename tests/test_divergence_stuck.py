@@ -13,13 +13,12 @@ comes back. Curves are built in the test; the Hugging Face one is written as a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from tests.hf_state import trainer_state
 from tests.test_divergence_zero import divergence, fine_tune, job_of
-from trainguard.adapters.local import load_run
 from trainguard.checker import Policy, Severity
 from trainguard.checker.model import Series
 from trainguard.checker.rules.divergence_state import Climbs, DivergenceParams
@@ -33,9 +32,8 @@ def test_a_qlora_loss_stuck_at_ln_vocab_is_critical_at_its_fifth_repeat(
         tmp_path: Path) -> None:
     history = [{"step": i + 1, "epoch": (i + 1) / 10, "loss": x, "learning_rate": 5.0}
                for i, x in enumerate(QLORA)]
-    path = tmp_path / "trainer_state.json"
-    path.write_text(json.dumps({"global_step": 10, "max_steps": 10, "log_history": history}))
-    result = replay(load_run(path), Policy())
+    job = trainer_state(tmp_path, history, max_steps=10)
+    result = replay(job, Policy())
     (h,) = [h for h in result.histories if h.rule == "divergence"]
     assert h.worst is Severity.CRITICAL
     assert h.first.step == 9 and h.finding.step == 5  # the 5th repeat, from the 1st

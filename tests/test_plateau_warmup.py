@@ -12,12 +12,11 @@ record.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from trainguard.adapters.local import load_run
+from tests.hf_state import trainer_state
 from trainguard.checker.model import Job, Severity
 from trainguard.config import default_policy
 from trainguard.replay import replay
@@ -26,20 +25,14 @@ LN2 = float(np.log(2))
 
 
 def _state(tmp_path: Path, loss: np.ndarray, lr: np.ndarray | None, name: str) -> Job:
-    history = []
-    for i, (v, r) in enumerate(zip(loss, lr if lr is not None else loss, strict=True)):
+    history: list[dict[str, float | int]] = []
+    for i, v in enumerate(loss):
         entry: dict[str, float | int] = {"step": 10 * (i + 1), "epoch": i / 100,
                                          "loss": round(float(v), 4)}
         if lr is not None:
-            entry["learning_rate"] = float(r)
+            entry["learning_rate"] = float(lr[i])
         history.append(entry)
-    path = tmp_path / name / "trainer_state.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"global_step": 10 * len(loss), "max_steps": 2900,
-                                "log_history": history}))
-    job = load_run(path)
-    assert isinstance(job, Job)
-    return job
+    return trainer_state(tmp_path / name, history, max_steps=2900)
 
 
 def _warnings(job: Job) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.hf_state import trainer_state
 from trainguard.adapters.local import load_run
 from trainguard.checker import Policy, Severity, evaluate
 from trainguard.checker.model import Job
@@ -92,18 +93,10 @@ def test_ultralytics_top1_accuracy_at_one_over_k_confirms_chance_level(tmp_path:
 
 
 def _state(tmp_path: Path, loss: list[float], name: str) -> Job:
-    import json
-
     history = [{"step": 10 * (i + 1), "epoch": float(i + 1), "loss": x,
                 "grad_norm": 0.0 if x == 0 else 1.0, "learning_rate": 2e-4}
                for i, x in enumerate(loss)]
-    path = tmp_path / name / "trainer_state.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"global_step": 10 * len(loss), "max_steps": 1000,
-                                "log_history": history}))
-    job = load_run(path)
-    assert isinstance(job, Job)
-    return job
+    return trainer_state(tmp_path / name, history, max_steps=1000)
 
 
 def test_a_loss_exactly_zero_from_its_first_record_is_not_learning(tmp_path: Path) -> None:
