@@ -8,7 +8,6 @@ of spellings alone.
 
 from __future__ import annotations
 
-import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -264,15 +263,14 @@ def learning_rate(job: Job) -> Series | None:
     return _shortest(found) if found else None
 
 
-def warmup_end(job: Job) -> float | None:
-    """When the learning rate's warm-up ended: the time of the first record at which the
-    rate, rising from its first record on, stopped rising; ``inf`` while it still rises;
-    None when the run logs no rate or its rate did not rise at first. An optimiser at a
-    small fraction of its rate has not started to learn yet: a DPO run's loss at ln 2 for
-    its first 80 of 2,900 steps, its rate rising linearly to step 290, is no verdict."""
+def warming_up(job: Job) -> bool:
+    """Whether the learning rate is still in its warm-up: it has risen at every record from
+    its first to its latest. An optimiser at a small fraction of its rate has not started
+    to learn yet: a DPO run's loss at ln 2 for its first 80 of 2,900 steps, its rate rising
+    linearly to step 290, is no verdict."""
     lr = learning_rate(job)
     if lr is None or len(lr) < 2:
-        return None
+        return False
     r, n = lr.value, len(lr)
     # Read from the start in growing chunks: a warm-up is a small part of a run, so a
     # replay that asks at every record reads about the warm-up's length, not the run's.
@@ -280,14 +278,10 @@ def warmup_end(job: Job) -> float | None:
     while True:
         m = min(m, n)
         # a relative margin: a rate printed to a few digits is not rising by its rounding
-        rising = r[1:m] > r[:m - 1] * (1 + 1e-6)
-        if not rising[0]:
-            return None
-        stops = np.flatnonzero(~rising)
-        if len(stops):
-            return float(lr.time[stops[0]])
+        if not (r[1:m] > r[:m - 1] * (1 + 1e-6)).all():
+            return False
         if m == n:
-            return math.inf
+            return True
         m *= 16
 
 

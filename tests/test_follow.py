@@ -286,10 +286,10 @@ class Rate(_Counting):
     name = "rate"
 
     def seen(self, job: Job, ctx: Context) -> str:
-        from trainguard.checker.metrics import learning_rate, warmup_end
+        from trainguard.checker.metrics import learning_rate, warming_up
 
         lr = learning_rate(job)
-        return f"{len(lr) if lr is not None else 0} rates, warm-up ends {warmup_end(job)}"
+        return f"{len(lr) if lr is not None else 0} rates, warming up {warming_up(job)}"
 
 
 def test_looking_up_the_learning_rate_reads_only_the_rates() -> None:

@@ -61,7 +61,7 @@ from trainguard.checker.metrics import (
     per_epoch,
     primary,
     training_objective,
-    warmup_end,
+    warming_up,
 )
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.policy import Policy
@@ -198,7 +198,7 @@ class Plateau(Rule):
         on_steps = x is s.step
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
-        if warmup_end(job) == math.inf:
+        if warming_up(job):
             return []  # the optimiser is not at its rate yet: nothing to judge
         mode = self._mode(s, ctx.policy)
         if mode == "min" and len(v) >= p.chance_min_points and not v.any():
