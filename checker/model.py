@@ -126,6 +126,10 @@ class Job:
     failure_reason: str | None = None
     max_runtime_s: float | None = None
     planned_steps: int | None = None
+    #: Records set aside because a later session of the run logged their steps again (a
+    #: restart or a resume from a checkpoint appended to the same file); the series hold
+    #: what the later session wrote, as TensorBoard shows them.
+    superseded: int = 0
     series: dict[str, Series] = field(default_factory=dict)
     logs: list[LogLine] = field(default_factory=list)
     #: The same metrics per host (SageMaker ``algo-1``, a Kubernetes pod, an Azure ML

@@ -180,7 +180,7 @@ def finding_json(f: Finding, job: Job, start: float | None) -> dict[str, Any]:
 
 def _run_json(run: Run, verdict_: str) -> dict[str, Any]:
     return {"id": run.job.id, "path": run.path, "format": run.fmt, "clock": run.job.clock,
-            "verdict": verdict_}
+            "superseded": run.job.superseded, "verdict": verdict_}
 
 
 def check_json(checked: list[Checked], policy_name: str) -> dict[str, Any]:
@@ -271,6 +271,10 @@ def _sev(s: str) -> str:
 
 
 def _heading(console: Console, run: Run, verdict_: str, extra: str = "") -> None:
+    if run.job.superseded:
+        # said at once: the judged curve is shorter than the file, and why
+        extra += (f"; {run.job.superseded:,} records set aside: a later session (restart "
+                  "or resume) logged their steps again")
     # A remote job's id is its owner's to choose: no terminal control sequence, no markup.
     console.print(f"{_sev(verdict_)}  [bold]{escape(clean(run.job.id))}[/]  "
                   f"{escape(clean(run.path))}  "

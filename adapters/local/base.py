@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from trainguard.adapters.local.definitions import MetricDefinition
 from trainguard.adapters.local.names import recognise
+from trainguard.adapters.local.sessions import superseded
 from trainguard.checker.cost import RESUME_GAP_FACTOR, logged_again
 from trainguard.checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
 
@@ -215,9 +216,13 @@ class RunBuilder:
         kind = np.array(self.kind, dtype=np.int64)
         value = np.array(self.value, dtype=np.float64)
         step = np.array(self.step, dtype=np.float64)
+        gone = superseded(kind, step, time, job.clock != "step", value,
+                          self.names.get("epoch"), self.names.get("step"))
+        job.superseded = int(gone.sum())
         # sort by series, then by time; lexsort is stable so ties keep file order
-        order = np.lexsort((time, kind))
-        kind_s = kind[order]
+        kept = np.where(gone, -3, kind)
+        order = np.lexsort((time, kept))
+        kind_s = kept[order]
         bounds = np.searchsorted(kind_s, np.arange(len(self.names) + 1))
         for name, idx in self.names.items():
             sel = order[bounds[idx]:bounds[idx + 1]]
