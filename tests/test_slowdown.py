@@ -231,3 +231,39 @@ def test_a_replay_told_what_changed_calls_it_once_a_block_and_answers_as_fresh(
     assert fired
     blocks = (t[-1] - t[0]) / rule.params.block_seconds
     assert followers.runs <= blocks + 2 < len(t) / 5
+
+
+def _epochs(n: int, epoch_s: float = 305.0, val_s: float = 800.0,
+            slow_from: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """As Lightning logs to TensorBoard: one record at each epoch's end (step N) and the
+    learning-rate monitor's at the next step's start a moment later (step N+1: 1-5 ms,
+    one in ten 0.35 s, as a held-out run has them); 1,103 steps an epoch of ``epoch_s``,
+    every second epoch ``val_s`` longer (its validation). From epoch ``slow_from`` on,
+    every epoch takes twice as long."""
+    rng = np.random.default_rng(0)
+    t, s, now = [0.0], [0.0], 0.0
+    for e in range(1, n + 1):
+        took = epoch_s + (val_s if e % 2 == 0 else 0.0)
+        now += took * (2.0 if slow_from is not None and e >= slow_from else 1.0)
+        t += [now, now + float(rng.choice([0.001, 0.0025, 0.005, 0.005, 0.35]))]
+        s += [1103.0 * e, 1103.0 * e + 1]
+    return np.array(t) + T0, np.array(s)
+
+
+def test_records_of_one_moment_are_no_speed() -> None:
+    """A held-out Lightning run (one record per epoch, two at its end) got "throughput
+    101 steps/s, 20 % of the job's own baseline 499": one step in a few milliseconds was
+    read as speed. Measured from the last update at least ``span_seconds`` before, the
+    run's speed is its epochs', and its validation epochs are pauses, not a slowdown."""
+    t, s = _epochs(120)
+    assert _first_fire(_job(t, s)) is None
+
+
+def test_a_slowdown_of_an_epoch_logged_run_is_still_found() -> None:
+    """The control: the same logging with one-minute epochs and no validation, every epoch
+    twice as long from epoch 90 on, is found within 15 minutes."""
+    t, s = _epochs(120, epoch_s=60.0, val_s=0.0, slow_from=90)
+    fired = _first_fire(_job(t, s))
+    assert fired is not None
+    onset = float(t[2 * 89])  # the end of epoch 89, where the slow epochs begin
+    assert onset < fired[0] <= onset + 900

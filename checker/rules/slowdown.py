@@ -9,8 +9,12 @@ periodic, one long gap between two updates among many normal ones. A slowdown (a
 straggler host, a throttled GPU, an input pipeline falling behind, a slow shared file
 system) is *sustained*: every update comes late. So throughput is measured per block of
 ``block_seconds`` as the *median* of the block's per-update rates (steps per second
-between two progress records, or the job's own ``throughput`` series): one pause in a
-block does not move its median. A block is slow when its median is below ``fraction`` x
+since the last progress record at least ``span_seconds`` before, or the job's own
+``throughput`` series): one pause in a block does not move its median. The span is there
+for runs that log a few records at one moment (Lightning's epoch-end metrics at step N,
+its learning-rate monitor at N+1 two milliseconds later): one step in two milliseconds
+is no speed, and blocks of such rates made a baseline of 500 steps/s for a run that does
+3. A block is slow when its median is below ``fraction`` x
 the baseline, the median of the job's healthy blocks in the last ``baseline_seconds``
 before it (a rolling baseline follows a run that speeds up or drifts slowly); the
 finding fires once slow blocks have lasted ``sustain_seconds`` with at least
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +59,10 @@ class SlowdownParams:
     baseline_seconds: float = param(3600.0, "the baseline is the median of the healthy "
                                             "blocks in this much time before")
     min_baseline_blocks: int = param(5, "healthy blocks needed before a baseline is trusted")
+    span_seconds: float = param(10.0, "a step rate is measured from the last update at "
+                                      "least this long before: two records of one moment "
+                                      "(an epoch's end and the next step's start) say "
+                                      "nothing of speed")
     warmup_seconds: float = param(300.0, "progress in this much time after the first update "
                                          "(compile, warm-up) is not learnt from")
     metric: str = param("throughput", "a series of samples or tokens per second the job "
@@ -182,6 +191,8 @@ class _Scan:
         self.name, self.t0 = src.name, float(src.time[0])
         self.n = 0  # records read
         self.last: tuple[float, float] | None = None  # (time, step) of the last update
+        # the updates of the last ``span_seconds`` and the one before them, oldest first
+        self.recent: deque[tuple[float, float]] = deque()
         self.block = 0  # index of the open block
         self.rates: list[float] = []  # the open block's per-update rates
         self.healthy: list[tuple[float, float]] = []  # (block start, median), recent
@@ -200,7 +211,7 @@ class _Scan:
         # plain floats: a record at a time, numpy's scalars cost more than the work
         t, v, st = (src.time[n0:].tolist(), src.value[n0:].tolist(),
                     src.step[n0:].tolist())
-        start = self.t0 + self.p.warmup_seconds
+        start, span = self.t0 + self.p.warmup_seconds, self.p.span_seconds
         for i in range(len(t)):
             ti = t[i]
             if self.kind == "rate":
@@ -210,11 +221,20 @@ class _Scan:
                 si = v[i]
                 prev, self.last = self.last, (ti, si)
                 if prev is None or si < prev[1]:
+                    self.recent.clear()
+                    self.recent.append((ti, si))
                     continue  # the first record, or a resume or an epoch counter wrapping
                 if si == prev[1] or ti <= prev[0]:
                     self.last = prev  # no progress: the gap goes on
                     continue
-                rate, step = (si - prev[1]) / (ti - prev[0]), prev[1]
+                recent = self.recent
+                recent.append((ti, si))
+                while len(recent) > 2 and recent[1][0] <= ti - span:
+                    recent.popleft()
+                t_from, s_from = recent[0]
+                if t_from > ti - span:
+                    continue  # nothing far enough back yet
+                rate, step = (si - s_from) / (ti - t_from), prev[1]
             if not math.isfinite(rate) or ti < start:
                 continue
             block = int((ti - self.t0) // self.p.block_seconds)
