@@ -56,6 +56,12 @@ def test_karpathy_nanogpt(tmp_path: Path) -> None:
      "step    50/5000 | lr 7.463e-05 | loss 9.8108 | tok/s 3585.9\n", [1, 50], [11.3191, 9.8108]),
     ("step 0, loss: 10.899394989013672\nstep 1, loss: 10.719036102294922\n",
      [0, 1], [10.899394989013672, 10.719036102294922]),
+    # ``logger.info(f"step {step} loss {loss:.4f}")`` under Python logging's default
+    # format and under an ISO timestamp: no step and no loss were read from either
+    ("2024-05-01 10:00:00,123 - train - INFO - step 100 loss 2.3000\n"
+     "2024-05-01 10:00:09,881 - train - INFO - step 200 loss 2.1000\n", [100, 200], [2.3, 2.1]),
+    ("2024-05-01T10:00:00 iter 100 loss 2.3\n2024-05-01T10:00:09 iter 200 loss 2.1\n",
+     [100, 200], [2.3, 2.1]),
 ])
 def test_step_and_loss_separated_by_spaces_or_bars(
         tmp_path: Path, lines: str, steps: list[float], losses: list[float]) -> None:
