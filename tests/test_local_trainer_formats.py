@@ -184,3 +184,23 @@ def test_mmengine_text_logs(tmp_path: Path) -> None:
     job = _load(iters)
     assert job.planned_steps == 20000
     assert job.series["loss"].step.tolist() == [50.0 * (k + 1) for k in range(20)]
+
+
+def test_olmo_trainer_log(tmp_path: Path) -> None:
+    """OLMo's trainer prints a header line per step and a line per metric under it; the
+    loss, ``train/CrossEntropyLoss``, was not read (a run with steps and no loss)."""
+    lines = []
+    for step in range(1, 31):
+        lines += [f"2025-12-12 11:{step // 15:02d}:{(step * 4) % 60:02d}.009\thost:0\t"
+                  f"olmo.train:979\tINFO\t[step={step}/15000,epoch=0]",
+                  "    optim/total_grad_norm=0.2370",
+                  f"    train/CrossEntropyLoss={3.0 - step / 100:.3f}",
+                  f"    train/Perplexity={20.04 - step / 10:.2f}",
+                  "    throughput/total_tokens=2,097,152"]
+    path = tmp_path / "training.log"
+    path.write_text("\n".join(lines) + "\n")
+    job = _load(path)
+    assert job.planned_steps == 15000 and job.clock == "wall"
+    loss = job.series["loss"]
+    assert loss.step.tolist() == list(range(1, 31))
+    assert loss.value[0] == pytest.approx(2.99) and loss.value[-1] == pytest.approx(2.70)

@@ -92,6 +92,8 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss", "Train Loss", "train loss"),
     *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
     *_kv("loss", "loss", "Loss"),
+    # OLMo's trainer: "[step=1/15000,epoch=0]", then a line per metric
+    *_kv("loss", "train/CrossEntropyLoss"),
     *_spaced("loss", "loss", "Loss"),
     *_kv("lr", "lr", "learning_rate"),
     *_kv("epoch", "epoch", "Epoch"),
