@@ -285,6 +285,22 @@ def warming_up(job: Job) -> bool:
         m *= 16
 
 
+def phase_start(job: Job) -> float | None:
+    """When the run's latest phase began: the time of the last record whose ``epoch`` went
+    back while its step went on (a trainer built again on new data, or resumed with its
+    data loader started over, keeping the global step), else None.
+
+    The loss before it was measured on other data or another schedule: a fine-tune at
+    2.12 whose next phase starts at 2.49 has not stopped learning.
+    """
+    ep = job.series.get("epoch")
+    if ep is None or len(ep) < 2:
+        return None
+    e, st = ep.value, ep.step
+    went = np.flatnonzero((e[1:] < e[:-1]) & (st[1:] > st[:-1]))
+    return float(ep.time[went[-1] + 1]) if len(went) else None
+
+
 def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
     """``s`` as one point per epoch (the median of each epoch's points, at its last step)
     when the job logs an ``epoch`` column and ``s`` has at least ``min_per_epoch`` points

@@ -59,6 +59,7 @@ from trainguard.checker.metrics import (
     is_eval,
     is_reward,
     per_epoch,
+    phase_start,
     primary,
     training_objective,
     warming_up,
@@ -192,6 +193,13 @@ class Plateau(Rule):
         p: PlateauParams = self.params
         if not np.isfinite(raw.value[-1]):
             return []  # the divergence rule is on it
+        phase = phase_start(job)
+        if phase is not None:
+            # judged from where its latest phase began: a run begun late is never called
+            # not learning until its records cover half its steps (``_begins_late``)
+            job, raw = _since(job, phase), _tail(raw, phase)
+            if len(raw) == 0:
+                return []
         s = _reduce(per_epoch(job, raw, p.epoch_points), p.max_points)
         keep = np.isfinite(s.value)
         x = _axis(job, s, by_time=p.window_seconds is not None)
@@ -611,6 +619,45 @@ def _head(s: Series, n: int) -> Series:
     head = Series.__new__(Series)  # views of arrays already checked: no re-validation
     head.name, head.time, head.step, head.value = s.name, s.time[:n], s.step[:n], s.value[:n]
     return head
+
+
+def _tail(s: Series, since: float) -> Series:
+    i = int(np.searchsorted(s.time, since, side="left"))
+    tail = Series.__new__(Series)  # views, as ``_head``
+    tail.name, tail.time, tail.step, tail.value = s.name, s.time[i:], s.step[i:], s.value[i:]
+    return tail
+
+
+class _Since(Mapping[str, Series]):
+    """``job.series`` from a time on, cut when a series is looked up (as ``_AsOf``)."""
+
+    def __init__(self, series: Mapping[str, Series], since: float) -> None:
+        self._series, self._since = series, since
+        self._cut: dict[str, Series] = {}
+
+    def __getitem__(self, key: str) -> Series:
+        got = self._cut.get(key)
+        if got is None:
+            got = self._cut[key] = _tail(self._series[key], self._since)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._series)
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._series
+
+
+def _since(job: Job, since: float) -> Job:
+    """``job`` with every series from ``since`` on."""
+    cut = object.__new__(Job)
+    cut.__dict__.update(job.__dict__)
+    view: Any = _Since(job.series, since)
+    cut.__dict__["series"] = view
+    return cut
 
 
 def _as_of(job: Job, at: float, name: str, count: int) -> Job:
