@@ -70,10 +70,12 @@ def test_step_and_loss_separated_by_spaces_or_bars(
 
 def test_a_loss_mentioned_in_a_sentence_is_no_record(tmp_path: Path) -> None:
     job = _read(tmp_path, (
+        "Effective tokens per optimizer step: 18432\n"
         "step 1/400 | loss 10.940292 | lr 3.00e-04\n"
         "New best loss 10.940292 -> saved: out/best.pt\n"
         "step 2/400 | loss 9.398620 | lr 3.00e-04\n"))
     assert _series(job, "loss") == ([1, 2], [10.940292, 9.398620])
+    assert job.series["step"].step.tolist() == [1, 2]  # not 18432 first
 
 
 def test_a_log_that_begins_with_its_scripts_source(tmp_path: Path) -> None:

@@ -72,7 +72,12 @@ _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
 DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL),
     MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL),
-    *_kv(STEP, "step", "Step"),
+    # "step=N" anywhere; "step: N" where a field begins or as a quoted key, not in prose
+    # ("Effective tokens per optimizer step: 18432" is no step)
+    *(MetricDefinition(STEP, at_word_start(k) + r"\s*=\s*" + NUM) for k in ("step", "Step")),
+    MetricDefinition(STEP, "(?:" + "|".join(
+        f"{_field_start(k)}|{k}(?<=['\"]{k})" for k in ("step", "Step"))
+        + r")['\"]?\s*:\s*" + NUM),
     *_spaced(STEP, "step", "Step", "iter", "Iter", "iteration", "Iteration"),
     MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
