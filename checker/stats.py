@@ -122,3 +122,17 @@ def resolution(values: Sequence[float] | FloatArray) -> float:
         if np.all(np.abs(scaled - np.round(scaled)) <= 1e-6 * np.maximum(scaled, 1.0)):
             return 10.0 ** -d
     return 0.0
+
+
+def ffill(values: FloatArray, lead: float | None) -> FloatArray:
+    """NaN gaps take the last value before them; leading NaNs take ``lead``, or the first
+    value when ``lead`` is None."""
+    ok = ~np.isnan(values)
+    if not ok.any():
+        return values
+    idx = np.where(ok, np.arange(len(values)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = values[idx]
+    first = int(np.argmax(ok))
+    out[:first] = values[first] if lead is None else lead
+    return out

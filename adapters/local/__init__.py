@@ -56,17 +56,18 @@ def detect_format(path: str | Path) -> str:
 
 def load_run(path: str | Path, definitions: list[MetricDefinition] | None = None,
              fmt: str | None = None, job_id: str | None = None,
-             run: str | None = None) -> Job:
+             run: str | None = None, sessions: bool = True) -> Job:
     """Read one training run. ``definitions`` apply to text logs (default:
     ``DEFAULT_DEFINITIONS``); ``fmt`` skips detection; ``job_id`` names the job (default:
     the file's stem, or the MLflow run id); ``run`` picks a run in an MLflow store by id or
-    name (default: the most recent)."""
+    name (default: the most recent); ``sessions=False`` keeps the records a later session
+    of the run rewrote (``sessions.py``), for a tool that cuts the file's records itself."""
     if fmt is None:
         fmt = detect_format(path)
     reader = FORMATS.get(fmt)
     if reader is None:
         raise FormatError(path, f"unknown format {fmt!r} (known: {', '.join(sorted(FORMATS))})")
-    job = reader.read(path, definitions, run=run)
+    job = reader.read(path, definitions, run=run, sessions=sessions)
     if job_id:
         job.id = job_id
     return job

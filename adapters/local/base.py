@@ -29,6 +29,7 @@ from trainguard.adapters.local.names import recognise
 from trainguard.adapters.local.sessions import superseded
 from trainguard.checker.cost import RESUME_GAP_FACTOR, logged_again
 from trainguard.checker.model import Clock, FloatArray, Job, JobState, LogLine, Series
+from trainguard.checker.stats import ffill
 
 NAN = math.nan
 MAX_LOG_LINES = 10_000
@@ -118,20 +119,6 @@ class CumulativeTime:
         return self.drops > max(2, self.read // 10)
 
 
-def ffill(values: FloatArray, lead: float | None) -> FloatArray:
-    """NaN gaps take the last value before them; leading NaNs take ``lead``, or the first
-    value when ``lead`` is None."""
-    ok = ~np.isnan(values)
-    if not ok.any():
-        return values
-    idx = np.where(ok, np.arange(len(values)), 0)
-    np.maximum.accumulate(idx, out=idx)
-    out = values[idx]
-    first = int(np.argmax(ok))
-    out[:first] = values[first] if lead is None else lead
-    return out
-
-
 class RunBuilder:
     """Collects records in file order and turns them into a ``Job``."""
 
@@ -202,7 +189,9 @@ class RunBuilder:
         _, rank = np.unique(np.array(self.row, dtype=np.int64), return_inverse=True)
         return "step", rank.astype(np.float64)
 
-    def build(self, default_id: str) -> Job:
+    def build(self, default_id: str, sessions: bool = True) -> Job:
+        """The job; ``sessions=False`` keeps the records a later session rewrote
+        (``sessions.superseded``), for tools that cut the records themselves."""
         job = Job(id=self.id or default_id, provider="local", scope="local",
                   name=self.name or self.id or default_id, state=self.state,
                   raw_state=self.raw_state, planned_steps=self.planned_steps,
@@ -216,8 +205,9 @@ class RunBuilder:
         kind = np.array(self.kind, dtype=np.int64)
         value = np.array(self.value, dtype=np.float64)
         step = np.array(self.step, dtype=np.float64)
-        gone = superseded(kind, step, time, job.clock != "step", value,
-                          self.names.get("epoch"), self.names.get("step"))
+        gone = (superseded(kind, step, time, job.clock != "step", value,
+                           self.names.get("epoch"), self.names.get("step"))
+                if sessions else np.zeros(len(kind), dtype=bool))
         job.superseded = int(gone.sum())
         # sort by series, then by time; lexsort is stable so ties keep file order
         kept = np.where(gone, -3, kind)
@@ -308,7 +298,7 @@ class Reader(ABC):
         return name.rsplit(".", 1)[0] if "." in name.lstrip(".") else name
 
     def read(self, path: str | Path, definitions: list[MetricDefinition] | None = None,
-             *, run: str | None = None) -> Job:
+             *, run: str | None = None, sessions: bool = True) -> Job:
         from trainguard.adapters.local.errors import FormatError
 
         p = Path(path)
@@ -316,7 +306,7 @@ class Reader(ABC):
             raise FormatError(p, "no such file or directory")
         builder = RunBuilder(p)
         self.collect(p, builder, definitions, run)
-        return builder.build(self.default_id(p))
+        return builder.build(self.default_id(p), sessions)
 
     def read_all(self, path: str | Path, definitions: list[MetricDefinition] | None = None
                  ) -> list[Found]:

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainguard.checker.model import FloatArray
+from trainguard.checker.stats import ffill
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -81,8 +82,6 @@ def superseded(kind: npt.NDArray[np.int64], step: FloatArray, time: FloatArray,
     out = np.zeros(n, dtype=bool)
     seq = np.argsort(time, kind="stable") if in_time_order else np.arange(n)
     k, s = kind[seq], step[seq]
-    from trainguard.adapters.local.base import ffill  # base builds with this module
-
     epoch = np.zeros(n)
     if epoch_kind is not None and (k == epoch_kind).any():
         epoch = ffill(np.where(k == epoch_kind, value[seq], np.nan), None)

@@ -409,14 +409,14 @@ def _judge_case(job: Job, row: Labelled, policy: Policy, rules: list[Rule],
     return case
 
 
-def load(row: Labelled) -> Job:
+def load(row: Labelled, sessions: bool = True) -> Job:
     """The labelled run as the bench judges it: finished, unless it is labelled stalled
-    (a stalled job is still running when its log stops)."""
+    (a stalled job is still running when its log stops); ``sessions`` as ``load_run``'s."""
     from trainguard.adapters.local import load_run
 
     try:
         job = load_run(row.path, definitions=list(row.metrics) or None, fmt=row.format,
-                       job_id=row.run)
+                       job_id=row.run, sessions=sessions)
     except (ValueError, OSError, UnicodeDecodeError) as e:
         raise BenchError(f"{row.where}: run {row.run!r}: {e}") from None
     if job.last_time() is None:
