@@ -588,21 +588,21 @@ def judged_prefix(n: int, max_points: int, parts: int) -> tuple[int, int]:
     return (n // block) * block, block
 
 
-class _AsOf(Mapping[str, Series]):
-    """``job.series`` as recorded up to a time (``count`` records of one series), cut when
-    a series is looked up: what is not looked at is neither cut nor marked as read."""
+class _Cut(Mapping[str, Series]):
+    """``job.series`` cut when a series is looked up: what is not looked at is neither cut
+    nor marked as read. Subclasses say how one series is cut (``cut``)."""
 
-    def __init__(self, series: Mapping[str, Series], at: float, name: str, count: int
-                 ) -> None:
-        self._series, self._at, self._name, self._count = series, at, name, count
+    def __init__(self, series: Mapping[str, Series]) -> None:
+        self._series = series
         self._cut: dict[str, Series] = {}
+
+    def cut(self, key: str, s: Series) -> Series:
+        raise NotImplementedError
 
     def __getitem__(self, key: str) -> Series:
         got = self._cut.get(key)
         if got is None:
-            s = self._series[key]
-            n = self._count if key == self._name else int(s.time.searchsorted(self._at, "right"))
-            got = self._cut[key] = s if n == len(s) else _head(s, n)
+            got = self._cut[key] = self.cut(key, self._series[key])
         return got
 
     def __iter__(self) -> Iterator[str]:
@@ -613,6 +613,30 @@ class _AsOf(Mapping[str, Series]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._series
+
+
+class _AsOf(_Cut):
+    """As recorded up to a time (``count`` records of one series)."""
+
+    def __init__(self, series: Mapping[str, Series], at: float, name: str, count: int
+                 ) -> None:
+        super().__init__(series)
+        self._at, self._name, self._count = at, name, count
+
+    def cut(self, key: str, s: Series) -> Series:
+        n = self._count if key == self._name else int(s.time.searchsorted(self._at, "right"))
+        return s if n == len(s) else _head(s, n)
+
+
+class _Since(_Cut):
+    """From a time on."""
+
+    def __init__(self, series: Mapping[str, Series], since: float) -> None:
+        super().__init__(series)
+        self._since = since
+
+    def cut(self, key: str, s: Series) -> Series:
+        return _tail(s, self._since)
 
 
 def _head(s: Series, n: int) -> Series:
@@ -626,29 +650,6 @@ def _tail(s: Series, since: float) -> Series:
     tail = Series.__new__(Series)  # views, as ``_head``
     tail.name, tail.time, tail.step, tail.value = s.name, s.time[i:], s.step[i:], s.value[i:]
     return tail
-
-
-class _Since(Mapping[str, Series]):
-    """``job.series`` from a time on, cut when a series is looked up (as ``_AsOf``)."""
-
-    def __init__(self, series: Mapping[str, Series], since: float) -> None:
-        self._series, self._since = series, since
-        self._cut: dict[str, Series] = {}
-
-    def __getitem__(self, key: str) -> Series:
-        got = self._cut.get(key)
-        if got is None:
-            got = self._cut[key] = _tail(self._series[key], self._since)
-        return got
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._series)
-
-    def __len__(self) -> int:
-        return len(self._series)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._series
 
 
 def _since(job: Job, since: float) -> Job:
