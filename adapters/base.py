@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainguard.checker.model import Job, JobState
+from trainguard.checker.sessions import set_aside
 
 log = logging.getLogger("trainguard.adapters")
 
@@ -51,9 +52,11 @@ class Adapter(ABC):
         return self.STATES.get(raw, JobState.UNKNOWN)
 
     def list_jobs(self, now: float) -> list[Job]:
-        """Every running job with its state, resources, metrics and log lines."""
+        """Every running job with its state, resources, metrics and log lines; the points
+        a restarted or resumed job logged again replace the ones it logged before
+        (``checker.sessions``)."""
         self.errors = []
-        return self.read_jobs(list(self.list_running()), now)
+        return [set_aside(job) for job in self.read_jobs(list(self.list_running()), now)]
 
     def read_jobs(self, refs: list[str], now: float) -> list[Job]:
         jobs = []
@@ -66,7 +69,7 @@ class Adapter(ABC):
     def get_job(self, ref: str, now: float) -> Job | None:
         """One job, or None (recorded in ``errors``) when it cannot be read."""
         try:
-            return self.read_job(ref, now)
+            return set_aside(self.read_job(ref, now))
         except AdapterError:
             raise
         except Exception as e:  # a malformed payload must not blind us to other jobs

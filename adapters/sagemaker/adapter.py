@@ -19,6 +19,7 @@ from trainguard.adapters.sagemaker import mapping, metrics
 from trainguard.adapters.sagemaker.clients import Clients
 from trainguard.adapters.sagemaker.logs import LogTail
 from trainguard.checker.model import Job, JobState
+from trainguard.checker.sessions import set_aside
 
 log = logging.getLogger("trainguard.adapters.sagemaker")
 
@@ -123,7 +124,7 @@ class SageMakerAdapter(Adapter):
         listed = set(refs)
         refs += [n for n in self._events if n not in listed]
         try:
-            return self.read_jobs(refs, now)
+            return [set_aside(job) for job in self.read_jobs(refs, now)]  # as Adapter's
         finally:
             self._events.clear()
 
