@@ -113,3 +113,23 @@ def test_a_number_with_a_unit_stuck_to_it_is_not_read_in_part(tmp_path: Path) ->
 def test_an_indented_assignment_is_read_in_a_log_that_holds_no_source(tmp_path: Path) -> None:
     job = _read(tmp_path, "epoch 1\n    loss = 0.5\nepoch 2\n    loss = 0.25\n")
     assert job.series["loss"].value.tolist() == [0.5, 0.25]
+
+
+def test_a_configuration_printed_whole_is_no_record(tmp_path: Path) -> None:
+    """A script prints its settings before training: argparse's Namespace on one line, the
+    Hugging Face Trainer's ``TrainingArguments(`` one field a line, OLMo's ``TrainConfig``.
+    Their ``learning_rate=7e-05`` was read as the run's first learning rate, before the
+    warm-up's first logged rate, and so hid the warm-up (``metrics.warming_up``)."""
+    job = _read(tmp_path, (
+        "arg is Namespace(config='train.yaml', lr=0.0001, epochs=3)\n"
+        "TrainingArguments(\n"
+        "_n_gpu=1,\n"
+        "learning_rate=7e-05,\n"
+        "logging_steps=10,\n"
+        ")\n"
+        "TrainConfig(run_name='x', optimizer=OptimizerConfig(learning_rate=0.0003))\n"
+        "{'loss': 2.51, 'learning_rate': 2.3e-05, 'epoch': 0.01}\n"
+        "{'loss': 2.43, 'learning_rate': 4.6e-05, 'epoch': 0.02}\n"
+        "{'loss': 2.40, 'learning_rate': 7e-05, 'epoch': 0.03}\n"))
+    assert job.series["lr"].value.tolist() == [2.3e-05, 4.6e-05, 7e-05]
+    assert job.series["loss"].value.tolist() == [2.51, 2.43, 2.40]

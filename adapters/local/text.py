@@ -37,6 +37,12 @@ _SOURCE = re.compile(
     r"\s*(?:(?:def|class|import|from|return|if|elif|for|while|with|assert|raise)\s"
     r"|print\(|[A-Za-z_][\w.]*\s*(?::[^=]*)?[-+*/]?=(?!=)\s*[A-Za-z_][\w.]*\()")
 _INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?!=)")
+# A configuration printed whole: argparse's ``Namespace(lr=0.001, ...)``, OLMo's
+# ``TrainConfig(...)`` on one line, or the Hugging Face Trainer's ``TrainingArguments(``
+# one ``field=value,`` a line. Its ``learning_rate=7e-05`` is a setting, no record: read
+# as one, it came before the warm-up's first logged rate and hid the warm-up.
+_CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
+                     r"|^\s*\w+=[^=,]*,\s*$")
 
 # what a definition does with its value, in the order a line is read: the time and the
 # step first, so the metrics on the same line get them
@@ -123,6 +129,8 @@ class TextReader(Reader):
                     if not matched and source and (_SOURCE.match(line)
                                                    or _INDENTED.match(line)):
                         break  # source code, kept as a log line
+                    if not matched and _CONFIG.search(line):
+                        break  # a configuration printed whole, kept as a log line
                     try:
                         value = float(text) * scale
                     except ValueError:
