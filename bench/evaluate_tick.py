@@ -30,16 +30,18 @@ def make_jobs(n: int, n_series: int, points: int, seed: int = 0) -> tuple[list[J
     rng = np.random.default_rng(seed)
     now = 1.8e9
     jobs = []
-    t = now - 4 * 3600 + np.arange(points) * (4 * 3600 / points)
+    t = np.asarray(now - 4 * 3600 + np.arange(points) * (4 * 3600 / points), dtype=np.float64)
     step = np.arange(points, dtype=float) * 10
     for i in range(n):
         series = {"step": Series("step", t, step, step)}
         for k in range(n_series - 2):
-            v = 2 + 8 * np.exp(-step / 3000) + rng.normal(0, 0.05, points)
+            v = np.asarray(2 + 8 * np.exp(-step / 3000) + rng.normal(0, 0.05, points),
+                           dtype=np.float64)
             if i % 100 == 1:
                 v[-5:] = np.nan
             series["loss" if k == 0 else f"aux_{k}_loss"] = Series("l", t, step, v)
-        series["gpu_util"] = Series("gpu_util", t, step, rng.uniform(80, 100, points))
+        series["gpu_util"] = Series("gpu_util", t, step,
+                                     np.asarray(rng.uniform(80, 100, points), dtype=np.float64))
         job = Job(id=f"job-{i}", provider="sagemaker", scope="123456789012/us-east-1",
                   instance_type="ml.p4d.24xlarge", start_time=float(t[0]),
                   planned_steps=int(step[-1] * 2), series=series)

@@ -61,7 +61,7 @@ class Fleet:
             doc = copy.deepcopy(template)
             doc.update(TrainingJobName=name, TrainingJobArn=ARN + name)
             self.docs[name] = doc
-        self.event_template = rec.event("event-llm-pretrain-a-training")
+        self.event_template: dict[str, Any] = rec.event("event-llm-pretrain-a-training")
 
     def answer(self, op: str, request: dict[str, Any]) -> dict[str, Any] | None:
         if op == "ListTrainingJobs":

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import boto3
 import botocore.parsers
@@ -38,8 +38,16 @@ from botocore.stub import Stubber
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "sagemaker"
 REGION = "us-east-1"
-CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-         "region_name": REGION}
+
+
+class Creds(TypedDict):
+    aws_access_key_id: str
+    aws_secret_access_key: str
+    region_name: str
+
+
+CREDS: Creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+                "region_name": REGION}
 _SM_MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 
@@ -212,7 +220,7 @@ def stop_moto() -> None:
         server.stop()
 
 
-def aws_client(service: str, url: str) -> Any:
+def aws_client(service: Literal["cloudwatch", "logs"], url: str) -> Any:
     return boto3.Session(**CREDS).client(service, endpoint_url=url)
 
 

@@ -84,7 +84,7 @@ def assert_reads_back(log: Path) -> None:
 
 
 
-class DigitsMLP(torch.nn.Module):
+class DigitsMLP(torch.nn.Module):  # type: ignore[misc,name-defined]  # torch is importorskip's
     """A small MLP over the 8x8 pixels, in the Trainer's model protocol (keyword inputs,
     a dict with ``loss`` and ``logits``): it learns digits in a few dozen steps, where a
     tiny transformer sits at chance (ln 10) for as long."""
@@ -159,7 +159,7 @@ def lightning_run(tmp_path: Path, name: str, nan_from: int | None) -> Path:
 
     from trainguard.callbacks.lightning import TrainguardCallback
 
-    class MLP(L.LightningModule):  # type: ignore[misc]
+    class MLP(L.LightningModule):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),

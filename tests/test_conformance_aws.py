@@ -11,7 +11,7 @@ from typing import Any
 
 import botocore.session
 import pytest
-from botocore.model import Shape
+from botocore.model import ListShape, Shape, StringShape, StructureShape
 from botocore.validate import ParamValidator
 
 pytestmark = pytest.mark.slow
@@ -29,23 +29,26 @@ def resolved(value: str) -> str:
 
 def enum_errors(shape: Shape, value: Any, where: str) -> list[str]:
     out = []
-    if shape.type_name == "structure" and isinstance(value, dict):
+    # botocore builds each shape as the class of its type_name (ShapeResolver.SHAPE_CLASSES)
+    if isinstance(shape, StructureShape) and isinstance(value, dict):
         for k, v in value.items():
             if k in shape.members:
                 out += enum_errors(shape.members[k], v, f"{where}.{k}")
-    elif shape.type_name == "list" and isinstance(value, list):
+    elif isinstance(shape, ListShape) and isinstance(value, list):
         for i, v in enumerate(value):
-            out += enum_errors(shape.member, v, f"{where}[{i}]")  # type: ignore[attr-defined]
-    elif shape.type_name == "string" and shape.enum and value not in shape.enum:
+            out += enum_errors(shape.member, v, f"{where}[{i}]")
+    elif isinstance(shape, StringShape) and shape.enum and value not in shape.enum:
         out.append(f"{where}: {value!r} is not one of {shape.enum}")
     return out
 
 
 def check(service: str, operation: str, params: dict[str, Any]) -> None:
     model = SESSION.get_service_model(service).operation_model(operation)
-    report = ParamValidator().validate(params, model.input_shape)
+    shape = model.input_shape
+    assert shape is not None, f"{service} {operation} has no input"
+    report = ParamValidator().validate(params, shape)
     assert not report.has_errors(), f"{service} {operation}: {report.generate_report()}"
-    errors = enum_errors(model.input_shape, params, operation)
+    errors = enum_errors(shape, params, operation)
     assert not errors, errors
 
 

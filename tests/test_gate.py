@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -221,10 +222,11 @@ class Broken:
 
 
 def diverged(now: float) -> Job:
-    t = [now - 50.0 + i for i in range(50)]
-    loss = [1.0] * 45 + [float("nan")] * 5
+    t = np.asarray([now - 50.0 + i for i in range(50)], dtype=np.float64)
+    loss = np.asarray([1.0] * 45 + [float("nan")] * 5, dtype=np.float64)
     return Job(id="j", provider="memory", state=JobState.RUNNING, start_time=now - 60,
-               hourly_price=10.0, series={"loss": Series("loss", t, list(range(50)), loss)})
+               hourly_price=10.0,
+               series={"loss": Series("loss", t, np.arange(50, dtype=np.float64), loss)})
 
 
 def quiet_gate(broken: Broken, **spec: Any) -> Any:

@@ -78,9 +78,12 @@ def test_every_gate_line_is_one_the_cli_accepts(name: str, monkeypatch: pytest.M
     lines = gate_lines(name)
     assert lines, f"no trainguard gate line in {name}"
     seen: list[Any] = []
-    monkeypatch.setattr("trainguard.gate_cmd.run_gate",
-                        lambda source, policy, spec, console: seen.append(spec)
-                        or gate_module.GateResult("pass", "", source.ref))
+
+    def run_gate(source: Any, policy: Any, spec: Any, console: Any) -> gate_module.GateResult:
+        seen.append(spec)
+        return gate_module.GateResult("pass", "", source.ref)
+
+    monkeypatch.setattr("trainguard.gate_cmd.run_gate", run_gate)
     monkeypatch.setattr("trainguard.gate_cmd.provider_source",
                         lambda source, ref, opts, deadline: gate_module.GateSource(
                             source, lambda now: None, lambda j, r: None, ref, deadline))

@@ -227,7 +227,7 @@ def test_nanblip_is_one_nonfinite_point_then_the_original_curve() -> None:
 
 def _job_for_nanblip() -> Job:
     n = 60
-    t = 1_750_000_000.0 + np.arange(n) * 10.0
+    t = np.asarray(1_750_000_000.0 + np.arange(n) * 10.0, dtype=np.float64)
     step = np.arange(n, dtype=float) * 10
     loss = 2 + 8 * np.exp(-step / 150)
     return Job(id="r", start_time=float(t[0]), series={
@@ -250,4 +250,5 @@ def test_heartbeat_pause_is_excused_by_trainguard_but_not_by_debugger() -> None:
     assert finding == []
     fire = DebuggerStalledTraining().first_fire(out.job, "loss")
     assert fire is not None and out.onset_time is not None
+    assert fire.time is not None  # a wall clock
     assert fire.time - out.onset_time >= 1800

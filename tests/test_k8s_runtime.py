@@ -41,6 +41,7 @@ from tests.test_tick import (  # noqa: F401  (collected here, on the ConfigMap s
     test_warning_turning_critical_raises_again_and_persistence_counts_stop_ticks,
 )
 from trainguard.adapters.kubeflow.client import api_client, retry_policy
+from trainguard.adapters.kubeflow.prometheus_hook import PrometheusHook
 from trainguard.adapters.prometheus import Metrics, client_from_options
 from trainguard.checker.model import Job, JobState, Severity
 from trainguard.lambdas.k8s.configmap_state import AUDIT_KEY, ConfigMapStore, data_key
@@ -50,7 +51,6 @@ from trainguard.lambdas.k8s.cronjob import (
     OK,
     STORE_DOWN,
     ConfigError,
-    PrometheusHook,
     load_options,
     main,
 )

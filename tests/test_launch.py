@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -14,6 +14,9 @@ from trainguard.adapters.local.emit_format import EMIT_DEFINITIONS
 from trainguard.emit import Emitter
 from trainguard.launch import azureml, kubeflow
 from trainguard.launch import sagemaker as sm
+
+if TYPE_CHECKING:
+    from mypy_boto3_sagemaker import SageMakerClient
 
 
 def emitted_line() -> str:
@@ -79,8 +82,8 @@ def stubbed_create(params: dict[str, Any]) -> None:
     import botocore.session
     from botocore.stub import Stubber
 
-    client = botocore.session.get_session().create_client(
-        "sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = cast("SageMakerClient", botocore.session.get_session().create_client(
+        "sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"))
     with Stubber(client) as stub:
         stub.add_response("create_training_job",
                           {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:"

@@ -94,7 +94,7 @@ def _statements(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom,
                 for child in ast.iter_child_nodes(node):
                     if isinstance(child, ast.stmt):
                         yield from walk([child], where)
-                    elif isinstance(child, ast.excepthandler):
+                    elif isinstance(child, ast.ExceptHandler):
                         yield from walk(child.body, where)
     yield from walk(tree.body, TOP)
 

@@ -21,7 +21,7 @@ from trainguard.checker.rules.plateau import Plateau
 
 
 def _job(name: str, values: np.ndarray, every: float = 50.0) -> Job:
-    steps = every * np.arange(1, len(values) + 1)
+    steps = np.asarray(every * np.arange(1, len(values) + 1), dtype=np.float64)
     return Job(id="run", clock="step", state=JobState.RUNNING, start_time=0.0,
                series={name: Series(name, steps, steps, values)})
 
@@ -40,7 +40,7 @@ def _fast_then_still(seed: int, n: int, learn: float, noise: float,
     descent = end + (start - end) * np.exp(-5 * np.arange(k) / k)
     descent *= 1 + 0.02 * rng.standard_normal(k)
     still = end * (1 + noise * rng.standard_normal(n - k))
-    return np.r_[descent, still]
+    return np.asarray(np.r_[descent, still], dtype=np.float64)
 
 
 @pytest.mark.parametrize("noise", [1e-6, 1e-4, 1e-3])

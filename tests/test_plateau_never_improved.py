@@ -19,10 +19,10 @@ from trainguard.checker.rules.plateau import Plateau
 
 
 def _job(eval_loss: np.ndarray, train_loss: np.ndarray | None, every: float = 132.0) -> Job:
-    steps = every * np.arange(1, len(eval_loss) + 1)
+    steps = np.asarray(every * np.arange(1, len(eval_loss) + 1), dtype=np.float64)
     series = {"eval_loss": Series("eval_loss", steps, steps, eval_loss)}
     if train_loss is not None:
-        tsteps = np.linspace(steps[0], steps[-1], len(train_loss))
+        tsteps = np.asarray(np.linspace(steps[0], steps[-1], len(train_loss)), dtype=np.float64)
         series["loss"] = Series("loss", tsteps, tsteps, train_loss)
     return Job(id="run", clock="step", state=JobState.RUNNING, start_time=0.0, series=series)
 
@@ -36,7 +36,7 @@ def _degrading(seed: int) -> np.ndarray:
     """2.5 at the first evaluation, then 3.1-4.3 for 19 more, easing down near the end."""
     rng = np.random.default_rng(seed)
     later = 3.9 - 0.4 * np.linspace(0, 1, 19) + rng.uniform(-0.4, 0.4, 19)
-    return np.r_[2.5, later]
+    return np.asarray(np.r_[2.5, later], dtype=np.float64)
 
 
 def test_a_held_out_loss_that_never_came_back_to_its_first_value_is_not_learning() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import pytest
@@ -32,7 +32,7 @@ from trainguard.preflight import (
     k8s_client,
     run,
 )
-from trainguard.stacks.environment import ROOT, Environment, load_environment
+from trainguard.stacks.environment import ROOT, AwsEnvironment, Environment, load_environment
 from trainguard.stacks.openshift import DCGM
 
 #: one region per test: moto's state is the process's (the session's shared moto server
@@ -63,12 +63,13 @@ def env(**training_log_group: Any) -> Environment:
     base = load_environment(ROOT / "environments" / "aws-dev.yaml")
     spec = base.spec.model_copy(update={"region": REGION})
     if training_log_group:
+        assert isinstance(spec, AwsEnvironment)
         spec = spec.model_copy(update={"training_log_group": spec.training_log_group.model_copy(
             update=training_log_group)})
     return dataclasses.replace(base, spec=spec)
 
 
-def client(service: str, url: str) -> Any:
+def client(service: Literal["logs", "kinesis"], url: str) -> Any:
     return boto3.client(service, region_name=REGION, endpoint_url=url)
 
 

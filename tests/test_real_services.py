@@ -23,6 +23,8 @@ from trainguard.checker.signatures import SIGNATURES
 from trainguard.stacks.aws import budget_notifications
 from trainguard.stacks.environment import (
     AzureEnvironment,
+    FluentBitOutput,
+    MlWorkspace,
     OpenshiftEnvironment,
     Schedule,
     load_environment,
@@ -59,8 +61,8 @@ def fluentbit_env() -> OpenshiftEnvironment:
         name="fb-test", policy="policies/production-stops.yaml", cluster="c",
         watch_namespaces=["ml-a"], image="quay.io/x/trainguard" + digest,
         log_shipping="fluentbit",
-        fluentbit={"host": "loki.example.com", "image": "cr.fluentbit.io/fluent/fluent-bit"
-                   + digest})
+        fluentbit=FluentBitOutput(host="loki.example.com",
+                                  image="cr.fluentbit.io/fluent/fluent-bit" + digest))
 
 
 def retag(record: dict[str, str], rules: list[str]) -> list[str]:
@@ -117,17 +119,18 @@ def azure(**kw: Any) -> AzureEnvironment:
     return AzureEnvironment(name="az-test", policy="policies/research-team.yaml",
                             subscription="00000000-1111-2222-3333-444444444444",
                             region="westeurope",
-                            ml_workspace={"resource_group": "rg", "name": "ws"}, **kw)
+                            ml_workspace=MlWorkspace(resource_group="rg", name="ws"), **kw)
 
 
 def test_azure_log_alerts_query_the_named_workspace_as_text(stacks: dict[str, Stack]) -> None:
     env = load_environment(ROOT / "environments" / "azure-research.yaml")
-    assert env.spec.log_query is not None  # type: ignore[union-attr]
+    assert isinstance(env.spec, AzureEnvironment)
+    assert env.spec.log_query is not None
     rules = stacks["azure-research"]["resource"][
         "azurerm_monitor_scheduled_query_rules_alert_v2"].values()
     for rule in rules:
         # the Container Insights workspace the environment names, not the stack's own
-        assert rule["scopes"] == [env.spec.log_query.workspace_id]  # type: ignore[union-attr]
+        assert rule["scopes"] == [env.spec.log_query.workspace_id]
         assert "tostring(LogMessage) matches regex" in rule["criteria"][0]["query"]
         assert rule["skip_query_validation"] is False
 
@@ -239,9 +242,12 @@ def test_daily_budget_has_no_forecasted_notification() -> None:
 
 def test_notification_types_are_the_budgets_models() -> None:
     import botocore.session
+    from botocore.model import StringShape
     model = botocore.session.get_session().get_service_model("budgets")
-    kinds = set(model.shape_for("NotificationType").enum)
-    units = set(model.shape_for("TimeUnit").enum)
+    notification_type, time_unit = model.shape_for("NotificationType"), model.shape_for("TimeUnit")
+    assert isinstance(notification_type, StringShape) and isinstance(time_unit, StringShape)
+    kinds = set(notification_type.enum)
+    units = set(time_unit.enum)
     for unit in units:
         assert {k for k, _ in budget_notifications(unit, [0.8, 1.0])} <= kinds
 
@@ -303,7 +309,8 @@ def test_alerting_rules_match_the_lokistacks_selectors(stacks: dict[str, Stack])
     rules_spec = loki["spec"]["rules"]
     stack = stacks["openshift-onprem"]
     env = load_environment(ROOT / "environments" / "openshift-onprem.yaml")
-    watched = set(env.spec.watch_namespaces)  # type: ignore[union-attr]
+    assert isinstance(env.spec, OpenshiftEnvironment)
+    watched = set(env.spec.watch_namespaces)
     alerting = manifests(stack, "AlertingRule")
     assert {m["metadata"]["namespace"] for m in alerting} == watched
     for rule in alerting:

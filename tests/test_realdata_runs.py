@@ -26,7 +26,7 @@ import pytest
 from trainguard.adapters.local import load_run, parse_metric_option
 from trainguard.checker import Finding, Job, Policy, Series, Severity, evaluate
 from trainguard.checker.evaluate import build_rules
-from trainguard.checker.rules.divergence import DivergenceParams
+from trainguard.checker.rules.divergence_state import DivergenceParams
 
 pytestmark = pytest.mark.realdata
 

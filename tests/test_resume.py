@@ -42,7 +42,7 @@ def test_a_resume_is_seen_and_a_wrapping_step_counter_is_not() -> None:
     assert cost.resumes(prog).tolist() == [25]
     # a per-epoch batch counter wraps every 100 records at the usual cadence: no resume
     steps = np.tile(np.arange(100.0), 5)
-    times = T0 + np.arange(len(steps)) * 10.0
+    times = np.asarray(T0 + np.arange(len(steps)) * 10.0, dtype=np.float64)
     assert cost.resumes(Series("step", times, steps, steps)).tolist() == []
 
 

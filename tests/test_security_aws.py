@@ -73,7 +73,7 @@ def watchdog(moto_url: str, table: str, inbox: Inbox, tmp_path: Path,
                          tmp_path, monkeypatch)
 
 
-def lambda_on(job: str, fleet: Fleet, moto_url: str, table: str, inbox: Inbox,
+def lambda_on(job: str, fleet: MetricFleet, moto_url: str, table: str, inbox: Inbox,
               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Watchdog]:
     """The real Lambda handler set up, as its stack does, over ``fleet`` on a SageMaker
     stand-in, with stops on (a fixture's body: yields once)."""

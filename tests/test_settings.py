@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
+from tests.contract.case_azureml import NOW as AZURE_NOW
 from tests.k8s_configmap import ConfigMapReplay
 from tests.test_aws_runtime import (  # noqa: F401 (fixtures)
     inbox,
@@ -38,7 +40,6 @@ from tests.test_azure_runtime import (  # noqa: F401 (fixtures)
     replay,
     webhook,
 )
-from tests.test_azure_runtime import NOW as AZURE_NOW
 from tests.test_k8s_runtime import NOW, NS, cm, fleet, suspended  # noqa: F401 (cm: a fixture)
 from trainguard.config import ConfigError, parse_bool
 from trainguard.config.settings import aws, k8s
@@ -84,7 +85,27 @@ BASE = {
               "TRAINGUARD_ML_WORKSPACE": "w", "TRAINGUARD_STATE_TABLE_URL": "https://t/x"},
     "k8s": {},
 }
-SETTINGS = {"aws": aws.Settings, "azure": azure_settings.Settings, "k8s": k8s.Settings}
+
+
+class RuntimeSettings(Protocol):
+    """What each runtime's settings hold in common."""
+
+    @property
+    def stop_enabled(self) -> bool: ...
+
+    def to_env(self) -> dict[str, str]: ...
+
+
+class SettingsClass(Protocol):
+    """What the three ``Settings`` classes have in common, as classes."""
+
+    def from_env(self, env: Mapping[str, str]) -> RuntimeSettings: ...
+
+    def unknown(self, env: Mapping[str, str]) -> set[str]: ...
+
+
+SETTINGS: dict[str, SettingsClass] = {
+    "aws": aws.Settings, "azure": azure_settings.Settings, "k8s": k8s.Settings}
 
 
 @pytest.mark.parametrize("runtime", sorted(SETTINGS))
@@ -365,7 +386,8 @@ def test_the_function_passes_the_interval_to_the_tick(
         azure: Azure, interval: str | None, stopped_after_retry: bool) -> None:  # noqa: F811
     """The Function on Azurite and the recorded Azure ML workspace: its timer retried a
     minute later is not a second tick when TRAINGUARD_INTERVAL_S says ten minutes."""
-    azure.configure(AZURE_PERSIST, **({"TRAINGUARD_INTERVAL_S": interval} if interval else {}))
+    azure.configure(AZURE_PERSIST, stop_enabled=True,
+                    **({"TRAINGUARD_INTERVAL_S": interval} if interval else {}))
     azure.invoke(AZURE_NOW)
     assert azure.cancels() == []
     azure.invoke(AZURE_NOW + 60)

@@ -23,8 +23,8 @@ from trainguard.checker.rules.slowdown import Slowdown
 def healthy(hours: float = 2.0, every: float = 5.0) -> Job:
     """A steady run: 10 steps every ``every`` s, a loss falling, on a wall clock."""
     t = 1.7e9 + np.arange(0.0, hours * 3600, every)
-    steps = 10.0 * np.arange(len(t))
-    loss = 2.0 + 8.0 * np.exp(-steps / 5000)
+    steps = np.asarray(10.0 * np.arange(len(t)), dtype=np.float64)
+    loss = np.asarray(2.0 + 8.0 * np.exp(-steps / 5000), dtype=np.float64)
     return Job(id="run", state=JobState.SUCCEEDED, start_time=float(t[0]), end_time=float(t[-1]),
                series={"step": Series("step", t, steps, steps),
                        "loss": Series("loss", t, steps, loss)})

@@ -57,7 +57,7 @@ def test_a_hang_after_two_hour_epochs_is_still_found() -> None:
 
 def test_a_fast_log_that_hangs_is_held_to_the_fixed_threshold_as_before() -> None:
     """One record a minute, five of them: its gaps (and start) are short, so 30 min."""
-    times = T0 + 60.0 * np.arange(1, 6)
+    times = np.asarray(T0 + 60.0 * np.arange(1, 6), dtype=np.float64)
     steps = np.arange(1.0, 6.0)
     job = Job(id="fast", clock="wall", state=JobState.RUNNING, start_time=T0,
               series={"step": Series("step", times, steps, steps)})

@@ -104,6 +104,7 @@ def test_a_writer_that_hangs_after_its_first_record_is_stopped(
     assert p.returncode == -15  # SIGTERM
     [outcome] = result.runs
     assert outcome.stopped_by == "stall" and outcome.steps == 1
+    assert outcome.stopped_at is not None
     assert outcome.start_time is not None and outcome.start_time < outcome.stopped_at
 
 

@@ -14,7 +14,7 @@ T0 = 1_750_000_000.0
 
 @case("memory")
 def make(request: pytest.FixtureRequest) -> ContractCase:
-    t = T0 + np.arange(10) * 60.0
+    t = np.asarray(T0 + np.arange(10) * 60.0, dtype=np.float64)
     loss = Series("loss", t, np.arange(10.0), np.linspace(3, 2, 10))
 
     def job(**kw: object) -> Job:
