@@ -20,8 +20,10 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +157,10 @@ class Package:
         against its recorded SHA-256."""
         cache = cache or wheel_cache()
         cache.mkdir(parents=True, exist_ok=True)
+        with _locked(cache / ".lock"):  # one download at a time into a shared cache
+            return self._fetch_wheels(cache, lock_path)
+
+    def _fetch_wheels(self, cache: Path, lock_path: Path | None) -> list[Path]:
         lock = load_lock(lock_path or LOCK)
         hashes = {pin: sorted(h for name, h in lock.items() if _is(name, pin))
                   for pin in self.wheels}
@@ -214,11 +220,18 @@ class Package:
         """Write the package for ``policy`` to ``out``; same inputs, same bytes."""
         entries = self.entries(policy, root, cache)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        with zipfile.ZipFile(tmp, "w") as zf:
-            for name in sorted(entries):
-                zf.writestr(_entry(name), entries[name], compresslevel=6)
-        tmp.replace(out)
+        # a name of its own: two synths of one checkout at once (the test suite's workers)
+        # each write their whole zip, then one atomic replace each, of the same bytes
+        fd, name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            with zipfile.ZipFile(tmp, "w") as zf:
+                for entry in sorted(entries):
+                    zf.writestr(_entry(entry), entries[entry], compresslevel=6)
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
         size = out.stat().st_size
         if self.limit_bytes is not None and size > self.limit_bytes:
             raise RuntimeError(f"{out}: the {self.kind} package is {size / 2**20:.1f} MiB, "
@@ -363,3 +376,20 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` while the block runs (POSIX ``flock``; where there is
+    none, no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one synth at a time is the user's to keep
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

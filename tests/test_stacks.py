@@ -500,3 +500,22 @@ def test_promtool_check_and_test_rules(tmp_path: Path) -> None:
     done = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_two_builds_of_one_package_at_once_write_it_whole(tmp_path: Path) -> None:
+    """Two synths of one checkout at once (the test suite's two workers did it): each
+    wrote ``NAME.tmp`` and the first to finish moved the other's file away ("No such file
+    or directory: azure-research-function.tmp"). Each build now writes a file of its own
+    and replaces the package atomically; both succeed with the same bytes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from trainguard.stacks import package
+
+    out = tmp_path / "fn.zip"
+    policy = ROOT / "policies" / "production-stops.yaml"
+    with ProcessPoolExecutor(2) as pool:
+        built = list(pool.map(package.FUNCTION.build, [policy] * 4, [out] * 4))
+    assert all(b.path == out for b in built)
+    single = package.FUNCTION.build(policy, tmp_path / "single.zip")
+    assert out.read_bytes() == single.path.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fn.zip", "single.zip"]  # no .tmp
