@@ -36,6 +36,9 @@ import botocore.session
 from botocore import xform_name
 from botocore.stub import Stubber
 
+from trainguard.adapters.sagemaker import SageMakerAdapter
+from trainguard.adapters.sagemaker.clients import Clients
+
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "sagemaker"
 REGION = "us-east-1"
 
@@ -256,3 +259,22 @@ def seed_once(url: str, key: str, fn: Callable[[str], None]) -> None:
     if (url, key) not in _SEEDED:
         fn(url)
         _SEEDED.add((url, key))
+
+
+def adapter_for(replay: ReplayStubber, url: str, **kw: Any) -> SageMakerAdapter:
+    """A SageMaker adapter on the recorded answers of ``replay`` and CloudWatch/logs on the
+    moto server at ``url``."""
+    clients = Clients(sagemaker=replay.client, cloudwatch=aws_client("cloudwatch", url),
+                      logs=aws_client("logs", url), region=REGION)
+    return SageMakerAdapter(clients, **kw)
+
+
+def renamed_event(rec: Recordings, stem: str, name: str, **detail: Any) -> dict[str, Any]:
+    """The recorded EventBridge event ``stem`` as if of the job ``name`` (its metric
+    definitions and resources kept), with ``detail`` fields replaced."""
+    event = rec.event(stem)
+    d = event["detail"]
+    d["TrainingJobName"] = name
+    d["TrainingJobArn"] = d["TrainingJobArn"].rsplit("/", 1)[0] + "/" + name
+    d.update(detail)
+    return event

@@ -13,18 +13,16 @@ import pytest
 
 from tests.sagemaker_replay import (
     NOW,
-    REGION,
     Recordings,
     ReplayStubber,
-    aws_client,
+    adapter_for,
     moto_server,
     put_metrics,
+    renamed_event,
     sagemaker_client,
     seed_once,
     stop_moto,
 )
-from trainguard.adapters.sagemaker import SageMakerAdapter
-from trainguard.adapters.sagemaker.clients import Clients
 from trainguard.checker.evaluate import evaluate
 from trainguard.checker.model import Job
 from trainguard.checker.policy import Policy
@@ -42,15 +40,8 @@ def moto_url() -> Iterator[str]:
 
 def _read(url: str, name: str) -> Job:
     rec = Recordings()
-    replay = ReplayStubber(sagemaker_client(), rec)
-    clients = Clients(sagemaker=replay.client, cloudwatch=aws_client("cloudwatch", url),
-                      logs=aws_client("logs", url), region=REGION)
-    adapter = SageMakerAdapter(clients)
-    event = rec.event("event-llm-pretrain-a-training")
-    d = event["detail"]
-    d["TrainingJobName"] = name
-    d["TrainingJobArn"] = d["TrainingJobArn"].rsplit("/", 1)[0] + "/" + name
-    adapter.remember_event(event)
+    adapter = adapter_for(ReplayStubber(sagemaker_client(), rec), url)
+    adapter.remember_event(renamed_event(rec, "event-llm-pretrain-a-training", name))
     [job] = adapter.read_jobs([name], NOW)
     return job
 

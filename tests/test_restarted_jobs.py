@@ -22,18 +22,17 @@ import pytest
 
 from tests.sagemaker_replay import (
     NOW,
-    REGION,
     Recordings,
     ReplayStubber,
-    aws_client,
+    adapter_for,
     moto_server,
     put_metrics,
+    renamed_event,
     sagemaker_client,
     stop_moto,
 )
 from trainguard.adapters.memory import MemoryAdapter
 from trainguard.adapters.sagemaker import SageMakerAdapter
-from trainguard.adapters.sagemaker.clients import Clients
 from trainguard.checker.model import Action, Job, Series, Severity
 from trainguard.checker.policy import Policy, RuleConfig, Safety
 from trainguard.checker.rules.base import Context
@@ -68,18 +67,12 @@ def _points(restarted: bool) -> tuple[list[tuple[float, float]], list[tuple[floa
 def sagemaker() -> Iterator[SageMakerAdapter]:
     url = moto_server()
     rec = Recordings()
-    replay = ReplayStubber(sagemaker_client(), rec)
-    adapter = SageMakerAdapter(Clients(sagemaker=replay.client,
-                                       cloudwatch=aws_client("cloudwatch", url),
-                                       logs=aws_client("logs", url), region=REGION))
+    adapter = adapter_for(ReplayStubber(sagemaker_client(), rec), url)
     for name, restarted in (("spot-restarted", True), ("spot-climbing", False)):
         loss, step = _points(restarted)
         put_metrics(url, name, {"loss": loss, "step": step})
-        event = rec.event("event-llm-pretrain-a-training")  # defines loss and step
-        d = event["detail"]
-        d["TrainingJobName"] = name
-        d["TrainingJobArn"] = d["TrainingJobArn"].rsplit("/", 1)[0] + "/" + name
-        adapter.remember_event(event)
+        # llm-pretrain-a's event defines the metrics loss and step
+        adapter.remember_event(renamed_event(rec, "event-llm-pretrain-a-training", name))
     yield adapter
     stop_moto()
 

@@ -17,6 +17,7 @@ from tests.sagemaker_replay import (
     Recordings,
     ReplayStubber,
     SageMakerServer,
+    adapter_for,
     aws_client,
     canonical,
     moto_server,
@@ -24,13 +25,14 @@ from tests.sagemaker_replay import (
     put_logs,
     put_metrics,
     recorded_answer,
+    renamed_event,
     sagemaker_client,
     seed_once,
     stop_moto,
 )
-from trainguard.adapters.sagemaker import MalformedJob, SageMakerAdapter, from_options, parse_event
+from trainguard.adapters.sagemaker import MalformedJob, from_options, parse_event
 from trainguard.adapters.sagemaker import metrics as sm_metrics
-from trainguard.adapters.sagemaker.clients import Clients, make_clients
+from trainguard.adapters.sagemaker.clients import make_clients
 from trainguard.adapters.sagemaker.logs import filter_pattern
 from trainguard.checker.model import Job, JobState
 from trainguard.checker.signatures import SIGNATURES
@@ -55,21 +57,6 @@ def seeded(moto_url: str) -> str:
 @pytest.fixture
 def rec() -> Recordings:
     return Recordings()
-
-
-def adapter_for(replay: ReplayStubber, url: str, **kw: Any) -> SageMakerAdapter:
-    clients = Clients(sagemaker=replay.client, cloudwatch=aws_client("cloudwatch", url),
-                      logs=aws_client("logs", url), region=REGION)
-    return SageMakerAdapter(clients, **kw)
-
-
-def renamed_event(rec: Recordings, stem: str, name: str, **detail: Any) -> dict[str, Any]:
-    event = rec.event(stem)
-    d = event["detail"]
-    d["TrainingJobName"] = name
-    d["TrainingJobArn"] = d["TrainingJobArn"].rsplit("/", 1)[0] + "/" + name
-    d.update(detail)
-    return event
 
 
 # --- state and resources ----------------------------------------------------------------

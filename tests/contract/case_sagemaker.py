@@ -8,18 +8,15 @@ import pytest
 from tests.contract import ContractCase, case
 from tests.sagemaker_replay import (
     NOW,
-    REGION,
     Recordings,
     ReplayStubber,
-    aws_client,
+    adapter_for,
     moto_server,
     put_metrics,
     sagemaker_client,
     seed_once,
     stop_moto,
 )
-from trainguard.adapters.sagemaker import SageMakerAdapter
-from trainguard.adapters.sagemaker.clients import Clients
 
 
 def seed(url: str) -> None:
@@ -37,9 +34,7 @@ def make(request: pytest.FixtureRequest) -> ContractCase:
     request.config.add_cleanup(stop_moto)
     seed_once(url, "contract", seed)
     replay = ReplayStubber(sagemaker_client(), Recordings())
-    clients = Clients(sagemaker=replay.client, cloudwatch=aws_client("cloudwatch", url),
-                      logs=aws_client("logs", url), region=REGION)
-    adapter = SageMakerAdapter(clients)
+    adapter = adapter_for(replay, url)
     return ContractCase(adapter=adapter, now=NOW, running={"llm-pretrain-a", "resnet-spot-b"},
                         with_metrics="llm-pretrain-a", metric="loss", unknown_state="odd-d",
                         unknown_raw="Hibernating", broken="broken-c", stops=replay.stopped)
