@@ -16,10 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from trainguard.checker.model import FloatArray
-from trainguard.checker.sessions import rewritten
+from trainguard.checker.sessions import BoolArray, rewritten
 from trainguard.checker.stats import ffill
-
-BoolArray = npt.NDArray[np.bool_]
 
 
 def superseded(kind: npt.NDArray[np.int64], step: FloatArray, time: FloatArray,

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -176,7 +176,7 @@ class Plateau(Rule):
             if kept is not None and kept[0] == mark:
                 found = [replace(f, evidence=dict(f.evidence)) for f in kept[1]]
             else:
-                cut = _as_of(job, at, raw.name, upto)
+                cut = _cut_job(job, _AsOf(job.series, at, raw.name, upto))
                 found = self._judge(cut, ctx, _head(raw, upto))
                 if ctx.state is not None:
                     ctx.state["judged"] = (mark, [replace(f, evidence=dict(f.evidence))
@@ -197,7 +197,7 @@ class Plateau(Rule):
         if phase is not None:
             # judged from where its latest phase began: a run begun late is never called
             # not learning until its records cover half its steps (``_begins_late``)
-            job, raw = _since(job, phase), _tail(raw, phase)
+            job, raw = _cut_job(job, _Since(job.series, phase)), _tail(raw, phase)
             if len(raw) == 0:
                 return []
         s = _reduce(per_epoch(job, raw, p.epoch_points), p.max_points)
@@ -652,20 +652,10 @@ def _tail(s: Series, since: float) -> Series:
     return tail
 
 
-def _since(job: Job, since: float) -> Job:
-    """``job`` with every series from ``since`` on."""
+def _cut_job(job: Job, view: _Cut) -> Job:
+    """A shallow copy of ``job`` whose series are ``view``, cut on demand."""
     cut = object.__new__(Job)
     cut.__dict__.update(job.__dict__)
-    view: Any = _Since(job.series, since)
-    cut.__dict__["series"] = view
-    return cut
-
-
-def _as_of(job: Job, at: float, name: str, count: int) -> Job:
-    """``job`` as recorded up to ``at``, with the first ``count`` records of ``name``."""
-    cut = object.__new__(Job)  # a shallow copy whose series are cut on demand
-    cut.__dict__.update(job.__dict__)
-    view: Any = _AsOf(job.series, at, name, count)
     cut.__dict__["series"] = view
     return cut
 
