@@ -436,7 +436,7 @@ def test_detection_by_content_and_errors(tmp_path: Path) -> None:
     assert detect_format(write(tmp_path / "lines", '{"step": 1, "loss": 2}\n')) == "jsonl"
     assert detect_format(write(tmp_path / "state.json", '{"log_history": []}')) == "hf"
     assert detect_format(write(tmp_path / "out", "hello\n")) == "text"
-    assert set(FORMATS) == {"text", "csv", "jsonl", "hf", "tensorboard", "mlflow"}
+    assert set(FORMATS) == {"text", "csv", "jsonl", "hf", "tensorboard", "mlflow", "yolov5_txt"}
     with pytest.raises(FormatError, match="no such file"):
         load_run(tmp_path / "missing.log")
     with pytest.raises(FormatError, match="unknown format 'xml'"):

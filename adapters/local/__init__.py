@@ -24,6 +24,7 @@ from trainguard.adapters.local.mlflow import MlflowReader
 from trainguard.adapters.local.tabular import CsvReader
 from trainguard.adapters.local.tensorboard import TensorBoardReader
 from trainguard.adapters.local.text import TextReader
+from trainguard.adapters.local.yolo import YoloResultsReader
 from trainguard.checker.model import Job
 
 # The order is the order content sniffing tries them in: the most specific first, and
@@ -32,7 +33,7 @@ FORMATS: dict[str, Reader] = {
     r.name: r
     # a Trainer output folder holds TensorBoard logs too: it is one run, the Trainer's
     for r in (MlflowReader(), HuggingFaceReader(), TensorBoardReader(), JsonLinesReader(),
-              CsvReader(), TextReader())
+              CsvReader(), YoloResultsReader(), TextReader())
 }
 
 
