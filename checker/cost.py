@@ -49,34 +49,24 @@ NOT_PROGRESS = ("heartbeat", "pause_seconds")
 
 
 def progress(job: Job, state: dict[str, Any] | None = None) -> Series | None:
-    """The series that counts steps: ``step`` if logged, else the longest series with steps.
+    """The series that counts steps (``progress_source``), as a ``step`` series of its
+    steps, records without a step left out.
 
-    A rule judged tick after tick passes its ``ctx.state``: which series is picked depends
-    on the series' lengths and on whether each has a finite step, which, once true, stays
-    true as the run goes on; so each record's step is looked at once, and the chosen
-    series is copied only where some of its steps are NaN."""
-    if "step" in job.series and len(job.series["step"]):
-        return job.series["step"]
-    # name -> (records checked, any step finite, every step finite)
-    seen: dict[str, tuple[int, bool, bool]] = (
+    A rule judged tick after tick passes its ``ctx.state``: whether every step of the
+    chosen series is finite is then looked at once per record, and the series is copied
+    only where some of its steps are NaN."""
+    s = progress_source(job)
+    if s is None or s is job.series.get("step"):
+        return s
+    # name -> (records checked, every step finite)
+    seen: dict[str, tuple[int, bool]] = (
         state.setdefault("progress_steps", {}) if state is not None else {})
-    best: tuple[Series, bool] | None = None
-    for k, s in job.series.items():
-        if not len(s) or k.startswith(NOT_PROGRESS):
-            continue
-        n0, any_finite, all_finite = seen.get(k, (0, False, True))
-        if len(s) < n0:  # not the run it saw: start over
-            n0, any_finite, all_finite = 0, False, True
-        if len(s) > n0:
-            finite = np.isfinite(s.step[n0:])
-            any_finite = any_finite or bool(finite.any())
-            all_finite = all_finite and bool(finite.all())
-            seen[k] = (len(s), any_finite, all_finite)
-        if any_finite and (best is None or len(s) > len(best[0])):
-            best = (s, all_finite)
-    if best is None:
-        return None
-    s, all_finite = best
+    n0, all_finite = seen.get(s.name, (0, True))
+    if len(s) < n0:  # not the run it saw: start over
+        n0, all_finite = 0, True
+    if len(s) > n0:
+        all_finite = all_finite and bool(np.isfinite(s.step[n0:]).all())
+        seen[s.name] = (len(s), all_finite)
     if all_finite:
         return Series("step", s.time, s.step, s.step)
     ok = np.isfinite(s.step)
