@@ -133,3 +133,53 @@ def test_a_configuration_printed_whole_is_no_record(tmp_path: Path) -> None:
         "{'loss': 2.40, 'learning_rate': 7e-05, 'epoch': 0.03}\n"))
     assert job.series["lr"].value.tolist() == [2.3e-05, 4.6e-05, 7e-05]
     assert job.series["loss"].value.tolist() == [2.51, 2.43, 2.40]
+
+
+def test_a_global_step_beside_an_epochs_batch_counter_is_the_step(tmp_path: Path) -> None:
+    """A held-out GPT-2 log: ``[Epoch 001][Step 0240/1200] global_step=1440``. The batch
+    counter of each epoch was read as the step: each new epoch looked like a restart, 1,225
+    of its records were set aside and the rest of the run was one long stall."""
+    lines = [f"[2025-10-28 16:{e * 10 + b:02d}:00][Epoch {e:03d}][Step {b * 10:04d}/30] "
+             f"global_step={e * 30 + b * 10} train_loss={5 - 0.1 * (e * 3 + b):.4f} "
+             "lr=0.0006\n" for e in range(3) for b in range(1, 4)]
+    job = _read(tmp_path, "".join(lines))
+    assert job.superseded == 0
+    assert _series(job, "train_loss")[0] == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+
+
+def test_build_nanogpt_log_file(tmp_path: Path) -> None:
+    """The log file of Karpathy's build-nanogpt (``f.write(f"{step} train {loss:.6f}\\n")``,
+    and ``val``/``hella`` lines at each evaluation): three held-out runs gave no data."""
+    job = _read(tmp_path, "0 val 11.7486\n0 hella 0.2439\n0 train 11.748396\n"
+                "1 train 11.720709\n2 train 10.9\n250 val 6.2\n250 hella 0.25\n", "log.txt")
+    assert _series(job, "loss") == ([0, 1, 2], [11.748396, 11.720709, 10.9])
+    assert _series(job, "val_loss") == ([0, 250], [11.7486, 6.2])
+    assert _series(job, "hella")[1] == [0.2439, 0.25]
+    assert "train_loss" not in job.series
+
+
+def test_a_number_then_a_word_then_a_number_in_other_text_is_no_record(tmp_path: Path) -> None:
+    """The build-nanogpt lines are read whole: "3 train 2.5 s" or "12 val loss" are not."""
+    job = _read(tmp_path, "3 train 2.5 s later\n12 val loss\nstep 5 loss 2.0\n")
+    assert set(job.series) == {"step", "loss"}
+    assert _series(job, "loss") == ([5], [2.0])
+
+
+def test_a_clock_only_the_set_up_lines_carry_is_not_the_steps_clock(tmp_path: Path) -> None:
+    """nanochat's log stamps its ``logging`` lines and prints its steps: the 21,400 steps
+    of a 5.5-hour pre-training were all dated to the stamp before them (a stall of 387
+    minutes as of the last record). A log whose step lines are stamped keeps its clock,
+    and so does one that stamps a step line and prints the loss under it."""
+    banner = "2025-10-23 16:42:00,037 - nanochat.common - INFO - world size: 8\n"
+    printed = _read(tmp_path, banner + "".join(
+        f"step {s:05d}/400 | loss: {3 - s / 400:.4f}\n" for s in range(300))
+        + "2025-10-23 22:20:00,000 - nanochat.checkpoint_manager - INFO - saved\n")
+    assert printed.clock == "step"
+    assert _series(printed, "loss")[0][-1] == 299
+    stamped = _read(tmp_path, "".join(
+        f"2025-10-23 16:{s // 60:02d}:{s % 60:02d},000 - INFO - step {s}\n"
+        f"  loss: {3 - s / 400:.4f}\n" for s in range(120)), "stamped.log")
+    assert stamped.clock == "wall"
+    steps, _ = _series(stamped, "loss")
+    times = stamped.series["loss"].time
+    assert steps[:3] == [0, 1, 2] and times[61] - times[1] == 60.0

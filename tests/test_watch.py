@@ -123,6 +123,41 @@ def test_healthy_writer_runs_to_the_end(tmp_path: Path,
     assert result.ticks >= 3
 
 
+# nanochat's shape: set-up logged through ``logging`` (stamped), then one printed line
+# per step (not stamped), for longer than the stall policy's threshold.
+PRINTER = r"""
+import sys, time
+out, steps = sys.argv[1], int(sys.argv[2])
+with open(out, "a") as f:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    f.write(f"{stamp},037 - nanochat.common - INFO - Distributed world size: 1\n")
+    f.flush()
+    for step in range(steps):
+        f.write(f"step {step:05d}/{steps} ({100 * step / steps:.2f}%) | loss: "
+                f"{3.0 / (step + 1):.6f} | dt: 50.00ms\n")
+        f.flush()
+        time.sleep(0.05)
+"""
+
+
+def test_printed_steps_after_one_logged_line_are_no_stall(
+        tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """A log stamped only on its set-up lines dated every printed step to the last stamp:
+    the live watch saw no progress for as long as the run went on, and stopped it (stall,
+    critical) a second or two into a healthy run. The steps carry no time: the log is on
+    its steps, and a stall is not judged from a clock it does not have."""
+    run = tmp_path / "speedrun.log"
+    p = subprocess.Popen([sys.executable, "-c", PRINTER, str(run), "100"])
+    procs.append(p)
+    console, _ = quiet()
+    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.2, console, until=60,
+                   processes={run: p})
+    [outcome] = result.runs
+    assert p.returncode == 0
+    assert outcome.stopped_by is None and outcome.findings == []
+    assert outcome.steps == 99
+
+
 def test_sigkill_after_the_grace_period(tmp_path: Path,
                                         procs: list[subprocess.Popen[bytes]]) -> None:
     run = tmp_path / "deaf.jsonl"

@@ -178,7 +178,7 @@ class RunBuilder:
         has_elapsed = bool((~np.isnan(elapsed)).any())
         # one lone timestamp (a banner line) says nothing of the pace: a time field does
         walls = np.unique(wall[~np.isnan(wall)])
-        if len(walls) >= 2 or (len(walls) == 1 and not has_elapsed):
+        if (len(walls) >= 2 or (len(walls) == 1 and not has_elapsed)) and self._stamped(wall):
             return "wall", ffill(wall, None)
         if has_elapsed:
             return "elapsed", ffill(elapsed, 0.0)
@@ -188,6 +188,20 @@ class RunBuilder:
         # no step and no time: the n-th record row stands for step n
         _, rank = np.unique(np.array(self.row, dtype=np.int64), return_inverse=True)
         return "step", rank.astype(np.float64)
+
+    def _stamped(self, wall: FloatArray) -> bool:
+        """Whether at least half the progress records (the ``step`` records a reader
+        adds, else every record with a step) carry a time of their own. A script that
+        logs its set-up and checkpoints through ``logging`` (stamped) and prints its
+        steps (not stamped) has no clock for its steps: carried forward, the last stamp
+        would date hours of steps to one instant, and a live watch would see them stall."""
+        kind = np.array(self.kind, dtype=np.int64)
+        at = self.names.get("step")
+        rec = kind == at if at is not None else np.zeros(len(kind), dtype=bool)
+        if not rec.any():
+            rec = (kind >= 0) & ~np.isnan(np.array(self.step, dtype=np.float64))
+        n = int(np.count_nonzero(rec))
+        return n == 0 or 2 * int(np.count_nonzero(~np.isnan(wall[rec]))) >= n
 
     def build(self, default_id: str, sessions: bool = True) -> Job:
         """The job; ``sessions=False`` keeps the records a later session rewrote

@@ -70,6 +70,9 @@ _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
 # Read the modded-nanogpt logs (``step:N/TOTAL val_loss:X train_time:Tms``) and the
 # common ``key=value`` / ``key: value`` names of other training scripts.
 DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
+    # a global step first: beside it, "[Epoch 001][Step 0240/1200] global_step=1440"
+    # counts the epoch's batches
+    MetricDefinition(STEP, at_word_start("global_step") + r"['\"]?\s*[:=]\s*" + NUM),
     MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL),
     MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL),
     # "step=N" anywhere; "step: N" where a field begins or as a quoted key, not in prose
@@ -87,6 +90,12 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(STEP, r"Iter\(train\)\s*\[\s*(\d+)/\d+\]"),
     MetricDefinition(PLANNED, r"Iter\(train\)\s*\[\s*\d+/(\d+)\]"),
     MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]"),
+    # build-nanogpt's log file (Karpathy's GPT-2 reproduction): "19072 train 3.021431",
+    # "250 val 3.3417", "250 hella 0.2951"
+    MetricDefinition(STEP, r"^(\d+) (?:train|val|hella) \S+\s*$"),
+    MetricDefinition("loss", r"^\d+ train " + NUM + r"\s*$"),
+    MetricDefinition("val_loss", r"^\d+ val " + NUM + r"\s*$"),
+    MetricDefinition("hella", r"^\d+ hella " + NUM + r"\s*$"),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
                      time=True, scale=0.001),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",

@@ -107,6 +107,9 @@ class TextReader(Reader):
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 matched = False
+                # a line's own time: the builder carries it to the lines after it, and
+                # tells a log whose progress lines are stamped from one whose are not
+                wall = math.nan
                 if not source and _SOURCE.match(line):
                     source = True
                 if line[:1] in _TS_START:
