@@ -45,7 +45,8 @@ def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
     threshold = int(max(p.min_seconds, p.unlearnt_seconds))
     out = []
     for severity, seconds in ((Severity.WARNING, threshold),
-                              (Severity.CRITICAL, int(threshold * p.critical_factor))):
+                              (Severity.CRITICAL,
+                               int(max(threshold * p.critical_factor, p.critical_seconds)))):
         # No change of the step for `seconds`. A series with no value `seconds` ago is not
         # judged: a job that just started cannot have stalled for that long. A change
         # down counts: a pod restarted and resumed from an earlier checkpoint is making
@@ -60,7 +61,8 @@ def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
             "trainguard_step of {{ $labels.namespace }}/{{ $labels.pod }} has not changed "
             f"in {seconds} s (stall rule: min_seconds={p.min_seconds:g}, "
             f"unlearnt_seconds={p.unlearnt_seconds:g}, "
-            f"critical_factor={p.critical_factor:g}).")))
+            f"critical_factor={p.critical_factor:g}, "
+            f"critical_seconds={p.critical_seconds:g}).")))
     return out
 
 

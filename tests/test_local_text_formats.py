@@ -183,3 +183,24 @@ def test_a_clock_only_the_set_up_lines_carry_is_not_the_steps_clock(tmp_path: Pa
     steps, _ = _series(stamped, "loss")
     times = stamped.series["loss"].time
     assert steps[:3] == [0, 1, 2] and times[61] - times[1] == 60.0
+
+
+def test_torchtitan_lines_in_terminal_colours(tmp_path: Path) -> None:
+    """torchtitan colours its fields; through ``tee`` the escapes reach the file and the key
+    ran on from the escape's letter (``\\x1b[32mloss``): three held-out runs gave no data."""
+    line = ("[rank0]:[titan] 2026-04-18 22:15:44,378 - root - INFO - \x1b[31mstep: {s:2d}  "
+            "\x1b[32mloss: {loss:.5f}  \x1b[38;2;180;60;0mgrad_norm:  9.8978  \x1b[34mtps: "
+            "70,593\x1b[39m\n")
+    job = _read(tmp_path, "".join(line.format(s=s, loss=12 - s / 10) for s in (1, 10, 20)))
+    assert _series(job, "loss") == ([1, 10, 20], [11.9, 11.0, 10.0])
+
+
+def test_megatrons_learning_rate_is_the_lr(tmp_path: Path) -> None:
+    """Megatron-LM prints ``learning rate: 2.000000E-07`` (a space, not an underscore): a
+    held-out run's warm-up went unseen and its first five flat losses were "not learning"."""
+    line = (" [2025-03-01 10:00:0{s}] iteration        {s}/   15535 | consumed samples: {c} | "
+            "learning rate: {lr:E} | global batch size:   336 | lm loss: {loss:E} |\n")
+    job = _read(tmp_path, "".join(line.format(s=s, c=336 * s, lr=2e-7 * s, loss=12.2 - s / 1e3)
+                                  for s in range(1, 6)))
+    assert _series(job, "lr")[1] == pytest.approx([2e-7 * s for s in range(1, 6)])
+    assert job.planned_steps == 15535

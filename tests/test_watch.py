@@ -58,7 +58,8 @@ def spawn(procs: list[subprocess.Popen[bytes]], out: Path, steps: int,
 def stall_policy(persist: int = 2) -> Policy:
     pol = Policy(name="test", safety=Safety(dry_run=False, persist_ticks=persist))
     pol.rules["stall"] = RuleConfig(
-        params={"min_seconds": 1.0, "min_updates": 5, "unlearnt_seconds": 3.0},
+        params={"min_seconds": 1.0, "min_updates": 5, "unlearnt_seconds": 3.0,
+                "critical_seconds": 2.0},
         actions={Severity.WARNING: Action.NOTIFY, Severity.CRITICAL: Action.STOP})
     return pol
 

@@ -109,7 +109,7 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     # OLMo's trainer: "[step=1/15000,epoch=0]", then a line per metric
     *_kv("loss", "train/CrossEntropyLoss"),
     *_spaced("loss", "loss", "Loss"),
-    *_kv("lr", "lr", "learning_rate"),
+    *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
 )
 

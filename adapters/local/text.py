@@ -41,6 +41,9 @@ _INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?
 # ``TrainConfig(...)`` on one line, or the Hugging Face Trainer's ``TrainingArguments(``
 # one ``field=value,`` a line. Its ``learning_rate=7e-05`` is a setting, no record: read
 # as one, it came before the warm-up's first logged rate and hid the warm-up.
+# Terminal colours a logger writes into a file through ``tee`` (torchtitan's
+# "\x1b[32mloss: 9.8"): the key would run on from the escape's letter.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
                      r"|^\s*\w+=[^=,]*,\s*$")
 
@@ -106,6 +109,8 @@ class TextReader(Reader):
         source = False  # a line of Python source has been read
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
+                if "\x1b" in line:
+                    line = _ANSI.sub("", line)
                 matched = False
                 # a line's own time: the builder carries it to the lines after it, and
                 # tells a log whose progress lines are stamped from one whose are not

@@ -59,6 +59,11 @@ class DivergenceParams:
     regress_lost: float = param(
         0.5, "... and has given back at least this fraction of what it had learnt (its "
         "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
+    regress_noise: float = param(
+        4.0, "... and at least this many times the point scatter (see undo_noise, once a "
+        "block of points has given one) above that best: the best of a heavy-tailed "
+        "per-batch loss (a held-out pose loss whose points span 3 to 150 around a level of "
+        "20) is a lucky dip, and its ordinary points stand 5-fold above it four at a time")
     undo_fraction: float = param(
         0.8, "the training objective back up this fraction of the way from its best to its "
         "first level (medians of 9 points, which noise cannot move far) is a divergence "
@@ -343,6 +348,11 @@ def _scatter(blocks: FloatArray) -> Any:
     return 1.4826 * np.median(np.abs(np.diff(blocks, axis=-1)), axis=-1) / math.sqrt(2)
 
 
+def _known(scatter: float) -> float:
+    """The point scatter, 0 while no block has given one (a short run is judged without)."""
+    return scatter if math.isfinite(scatter) else 0.0
+
+
 class _RunningMedian:
     """The median of the values added so far (the lower middle one of an even count), in
     O(log n) per value: two heaps."""
@@ -411,7 +421,8 @@ class Climbs(Track):
         and x is not its own."""
         best, wide = self.best, self.best_wide
         high = (x >= p.regress_factor * best
-                and x >= best + p.regress_lost * max(self.first - best, 0.0)) or (
+                and x >= best + p.regress_lost * max(self.first - best, 0.0)
+                and x - best >= p.regress_noise * _known(self.noise.value)) or (
             self.first_wide >= p.undo_learnt * wide
             and self.first_wide - wide >= p.undo_noise * self.noise.value
             and x >= wide + p.undo_fraction * (self.first_wide - wide))
@@ -497,7 +508,8 @@ class Climbs(Track):
         wide, first_wide = self._wide(v)
         with np.errstate(invalid="ignore"):
             high = ((v >= p.regress_factor * best)
-                    & (v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))) | (
+                    & (v >= best + p.regress_lost * np.maximum(self.first - best, 0.0))
+                    & (v - best >= p.regress_noise * np.where(np.isfinite(noise), noise, 0.0))) | (
                 (first_wide >= p.undo_learnt * wide)
                 & (first_wide - wide >= p.undo_noise * noise)
                 & (v >= wide + p.undo_fraction * (first_wide - wide)))

@@ -65,6 +65,10 @@ class StallParams:
         "its evaluation and checkpoint pauses yet, which last up to some ten update gaps "
         "(and pause_factor 1.5 x a pause is tolerated)")
     critical_factor: float = param(2.0, "silence past this x the threshold is critical")
+    critical_seconds: float = param(
+        1800.0, "... and past this long (Debugger's StalledTrainingRule default): a pause the "
+        "run has not shown before (its first evaluation, its final checkpoint) can last a "
+        "quarter of an hour, and a critical finding is what a policy stops on")
     max_pause_seconds: float = param(
         3600.0, "a pause announced by heartbeats (trainguard.emit) excuses silence this long, "
         "or 3 x the longest pause the job finished before, whichever is larger")
@@ -167,7 +171,8 @@ class Stall(Rule):
         phase, excused = self._open_pause(job, last, ctx.now, pauses)
         if excused:
             return []
-        severity = Severity.CRITICAL if silence > p.critical_factor * thr else Severity.WARNING
+        critical = max(p.critical_factor * thr, p.critical_seconds)
+        severity = Severity.CRITICAL if silence > critical else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
         unknown = restarted is None and _cadence_unknown(job, c)
         if unknown:
@@ -180,7 +185,7 @@ class Stall(Rule):
             why = (f"in a '{phase}' pause for {_span(silence)}, longer than a pause may "
                    f"take; {why}")
         evidence: dict[str, object] = {
-            "kind": "silence", "silence_s": silence, "threshold_s": thr,
+            "kind": "silence", "silence_s": silence, "threshold_s": thr, "critical_s": critical,
             "last_progress_step": last_step if np.isfinite(last_step) else None,
             "diagnosis": why, **learnt,
         }
