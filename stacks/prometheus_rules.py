@@ -45,8 +45,7 @@ def _stall(policy: Policy) -> list[tuple[Severity, Alert]]:
     threshold = int(max(p.min_seconds, p.unlearnt_seconds))
     out = []
     for severity, seconds in ((Severity.WARNING, threshold),
-                              (Severity.CRITICAL,
-                               int(max(threshold * p.critical_factor, p.critical_seconds)))):
+                              (Severity.CRITICAL, int(p.critical_after(threshold)))):
         # No change of the step for `seconds`. A series with no value `seconds` ago is not
         # judged: a job that just started cannot have stalled for that long. A change
         # down counts: a pod restarted and resumed from an earlier checkpoint is making

@@ -105,7 +105,7 @@ class TextReader(Reader):
         entries = [(rx, role, gid, name, scale, run.index(name if role == METRIC else STEP))
                    for rx, role, gid, name, scale in compiled]
         clock = CumulativeTime()
-        wall = elapsed = step = math.nan
+        elapsed = step = math.nan
         source = False  # a line of Python source has been read
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):

@@ -46,10 +46,7 @@ class YoloResultsReader(Reader):
     name = "yolov5_txt"
 
     def matches_name(self, path: Path) -> bool:
-        # a .txt is text by its name: this layout is told by its first line
-        return self.matches_content(path)
-
-    def matches_content(self, path: Path) -> bool:
+        """A ``.txt`` whose first line has this layout (by its name alone, a .txt is text)."""
         if not path.is_file() or not plain_name(path).endswith(".txt"):
             return False
         first = next((line for line in head(path).splitlines() if line.strip()), "")

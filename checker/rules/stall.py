@@ -82,6 +82,11 @@ class StallParams:
         "block of at most 1/this of its records")
 
 
+    def critical_after(self, threshold: float) -> float:
+        """The silence that is critical for a stall ``threshold`` (the watchdog's and the
+        PrometheusRule's alike)."""
+        return max(self.critical_factor * threshold, self.critical_seconds)
+
 @register
 class Stall(Rule):
     name = "stall"
@@ -171,7 +176,7 @@ class Stall(Rule):
         phase, excused = self._open_pause(job, last, ctx.now, pauses)
         if excused:
             return []
-        critical = max(p.critical_factor * thr, p.critical_seconds)
+        critical = p.critical_after(thr)
         severity = Severity.CRITICAL if silence > critical else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
         unknown = restarted is None and _cadence_unknown(job, c)
