@@ -263,6 +263,22 @@ def learning_rate(job: Job) -> Series | None:
     return _shortest(found) if found else None
 
 
+def _is_grad_norm(name: str) -> bool:
+    w = set(words(name))
+    return (bool(w & {"grad", "gradient", "grads"}) and "norm" in w) or bool(
+        w & {"gnorm", "gradnorm"})
+
+
+def grad_norm(job: Job) -> Series | None:
+    """The norm of the gradient as the run logs it (``grad_norm``, ``train/grad_norm``,
+    ``gradient_norm``, fairseq's ``gnorm``): the one of fewest words and no statistic's
+    (``grad_norm_max``), so a total before a per-layer norm."""
+    series = job.series
+    found = [series[k] for k in sorted(series) if _is_grad_norm(k) and len(series[k])]
+    total = [s for s in found if _SPREAD.isdisjoint(words(s.name))]
+    return _shortest(total or found) if found else None
+
+
 def warming_up(job: Job) -> bool:
     """Whether the learning rate is still in its warm-up: it has risen at every record from
     its first to its latest. An optimiser at a small fraction of its rate has not started

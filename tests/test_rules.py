@@ -136,6 +136,26 @@ def test_stall_fires_after_the_learnt_threshold_not_before() -> None:
     assert f.severity is Severity.CRITICAL
 
 
+def test_a_silence_after_the_planned_steps_says_the_job_has_not_exited() -> None:
+    """A loop that ran its 1,000 planned steps (logging every 50: step 950 last) and whose
+    process never exits (a process-group teardown that hangs, an upload) is told apart
+    from one silent half-way; the severity is the same (a final save may take as long as
+    a checkpoint)."""
+    def logged(upto: int) -> Job:
+        job = run(decaying(upto // 50 + 1), dt=10.0, planned_steps=1000)
+        for s in job.series.values():
+            s.step[:] = np.arange(len(s), dtype=np.float64) * 50
+        job.series["step"].value[:] = job.series["step"].step
+        return job
+
+    (done,) = only(at_end(logged(950), after=400), "stall")
+    (half,) = only(at_end(logged(500), after=400), "stall")
+    assert "reached its planned 1000 steps and has not exited" in done.message
+    assert done.evidence["ran_its_steps"] is True
+    assert "planned" not in half.message and "ran_its_steps" not in half.evidence
+    assert done.severity is half.severity is Severity.WARNING
+
+
 def test_stall_threshold_grows_with_a_slow_cadence_and_recovered_pauses() -> None:
     loss = decaying(200)
     job = run(loss, dt=200.0)

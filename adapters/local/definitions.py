@@ -111,6 +111,10 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_spaced("loss", "loss", "Loss"),
     *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
+    # the gradient's norm (a dead gradient is exactly 0): the Trainer's dict, and
+    # build-nanogpt's / llm.c's "| norm: 0.2843 |" where a field begins
+    *_kv("grad_norm", "grad_norm", "gradient_norm", "grad norm"),
+    MetricDefinition("grad_norm", "(?:" + _field_start("norm") + r")\s*[:=]?\s*" + NUM),
 )
 
 

@@ -38,11 +38,19 @@ import sys
 import numpy as np
 
 from trainguard.checker.follow import STABLE, Band
-from trainguard.checker.metrics import is_eval, is_term, loss_like, reward, training_objective
+from trainguard.checker.metrics import (
+    grad_norm,
+    is_eval,
+    is_term,
+    loss_like,
+    reward,
+    training_objective,
+)
 from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule
+from trainguard.checker.rules.divergence_dead import Dead
 from trainguard.checker.rules.divergence_shift import Shifted
 from trainguard.checker.rules.divergence_state import (
     Before,
@@ -97,6 +105,12 @@ class Divergence(Rule):
             if (f := self._collapsed(job, objective, climbs)) is not None:
                 found.append(f)
             bands = _climb_band(bands, job, objective, climbs, p)
+            if objective is train and (g := grad_norm(job)) is not None:
+                dead = tracked(ctx.state, "dead:" + g.name, g, Dead)
+                dead.read(g, objective, p)
+                if (f := self._dead(job, objective, g, dead, climbs)) is not None:
+                    found.append(f)
+                bands = _add(bands, g.name, dead.band(p))
         if train is not None and train is not objective:
             # only whether its last value is finite is read
             bands = _add(bands, train.name, Band(math.inf, -_MAX, _MAX)
@@ -205,6 +219,27 @@ class Divergence(Rule):
             return f
         f = self._recovered(job, s, t, c.at, c.back, None, what, False)
         f.evidence["level_before"] = c.level
+        return f
+
+    def _dead(self, job: Job, s: Series, g: Series, t: Dead, climbs: Climbs) -> Finding | None:
+        """The gradient norm, positive before, exactly 0 for ``recover_points`` records while
+        the objective stands far above its best (``divergence_dead``)."""
+        p: DivergenceParams = self.params
+        d = t.verdict(g, s, climbs.best, p)
+        if d is None:
+            return None
+        what = (f"stands at {d.level / d.best:.1f}x its best level ({d.best:.4g}) with "
+                f"{g.name} exactly 0 for {d.length} records (positive before): the gradient "
+                "died, the optimiser no longer moves the model and the loss cannot come back")
+        evidence = {"kind": "dead_gradient", "grad_metric": g.name, "best_level": d.best,
+                    "level": d.level, "ratio": d.level / d.best, "zero_records": d.length}
+        if not d.ended or d.after < p.recover_points:
+            f = self._finding(job, s, climbs, d.at, None, Severity.CRITICAL, what)
+            f.evidence.update(evidence)
+            return f
+        back = min(int(np.searchsorted(s.time, g.time[d.back], side="left")), len(s) - 1)
+        f = self._recovered(job, s, climbs, d.at, back, None, what, False)
+        f.evidence.update(evidence, kind="recovered")
         return f
 
     def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,

@@ -76,6 +76,12 @@ class DivergenceParams:
         "times the point scatter (from first differences: the median over blocks of 16 "
         "points of their median step): the best of a noisy loss is a lucky dip, and its "
         "points reach back up often")
+    dead_factor: float = param(
+        2.0, "the training objective (a median of 3 points) at least this many times its "
+        "best level before, while the gradient norm the run logs (grad_norm), positive "
+        "before, is exactly 0 for recover_points records in a row, is a divergence: the "
+        "optimiser no longer moves the model, so the loss cannot come back (a lone 0, or "
+        "a norm logged as 0 from the first record on as some DeepSpeed set-ups do, is not)")
     shift_factor: float = param(
         1.5, "the training objective this many times its best level (9-point medians), "
         "for a run that had learnt (first level at least undo_learnt x its best)...")

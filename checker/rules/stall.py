@@ -189,6 +189,12 @@ class Stall(Rule):
         if phase is not None:
             why = (f"in a '{phase}' pause for {_span(silence)}, longer than a pause may "
                    f"take; {why}")
+        done = _ran_its_steps(job, last_step)
+        if done:
+            # nothing left to learn: a hang in the process group's teardown, or a final
+            # save or upload (which may take as long as a checkpoint: the severity stays)
+            why = (f"it reached its planned {job.planned_steps} steps and has not exited "
+                   f"(a hang at exit, or a final save or upload); {why}")
         evidence: dict[str, object] = {
             "kind": "silence", "silence_s": silence, "threshold_s": thr, "critical_s": critical,
             "last_progress_step": last_step if np.isfinite(last_step) else None,
@@ -198,6 +204,8 @@ class Stall(Rule):
             evidence["gpu_util_during_silence"] = util
         if unknown:
             evidence["cadence_unknown"] = True
+        if done:
+            evidence["ran_its_steps"] = True
         loop = ""
         if c is not None and c.loop > 1:
             # each process wrote its checkpoint's record again and got no further
@@ -397,6 +405,18 @@ def _beat_interval(beats: Series) -> float:
     if len(t) < 2:
         return 30.0
     return float(np.median(np.diff(t[-20:])))
+
+
+def _ran_its_steps(job: Job, last_step: float) -> bool:
+    """Whether the last progress reached the job's planned steps, within one logging
+    interval (a loop of 1,000 steps logging every 50 logs step 950 last)."""
+    planned = job.planned_steps
+    src = progress_source(job)
+    if not planned or not math.isfinite(last_step) or src is None:
+        return False
+    gaps = np.diff(src.step[-9:])
+    gaps = gaps[np.isfinite(gaps) & (gaps > 0)]
+    return last_step + (float(np.median(gaps)) if len(gaps) else 1.0) >= planned
 
 
 def _span(seconds: float) -> str:

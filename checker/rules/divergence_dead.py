@@ -1,0 +1,154 @@
+"""The ``divergence`` rule's test for a run whose gradient died: the norm of the gradient
+it logs (``grad_norm``), positive before, exactly 0 for ``recover_points`` records in a
+row while the training objective stands at ``dead_factor`` times its best level or more.
+
+A TinyLlama retrofit's loss climbed from 7.6 to 24 (3.2 x its best, under the ratio
+test's 5 x) and sat there with ``grad_norm`` 0.0 at each of its last 34 records: with no
+gradient the optimiser no longer moves the model, so the loss cannot come back however
+long the run goes on. An exact 0 alone is no failure: DeepSpeed and ms-swift set-ups log
+``grad_norm`` 0 for healthy runs from their first record (ms-swift#5890, composer#1501),
+a lone 0 is a skipped step, and a converged loss may sit still at its best. So the norm
+must have been positive before the zeros began, and the loss far above its best level
+before them (a median of three, so one low point is no best). A NaN norm (an fp16 step
+skipped) neither extends nor ends a run of zeros. The run is over once a norm is
+positive again; it has recovered once ``recover_points`` finite norms have followed.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from trainguard.checker.follow import Band
+from trainguard.checker.model import FloatArray, Series
+from trainguard.checker.seen import Track
+from trainguard.checker.stats import rolling_median3
+
+_MAX = sys.float_info.max
+_TINY = 5e-324  # the least positive float: a band of positive norms
+
+
+class DeadParams(Protocol):
+    """The ``divergence`` parameters of this test (``DivergenceParams``)."""
+
+    recover_points: int
+    dead_factor: float
+
+
+@dataclass
+class Died:
+    """A run of exact zeros of the gradient norm, positive before it."""
+
+    first: int  # the norm's record of its first zero
+    last: int  # ... and of its last
+    length: int  # zeros in it
+    ended: bool = False  # a positive norm came after it
+    back: int = -1  # ... the norm's record of that one
+    after: int = 0  # finite norms read since it ended
+    best: float = math.nan  # the objective's best level before it (once worked out)
+    at: int = -1  # the objective's first record in it (once judged a divergence)
+    level: float = math.nan  # ... and its level then
+
+
+class Dead(Track):
+    """The runs of zeros of one gradient norm, fed a record at a time or in chunks (the
+    same result either way), each judged against the objective when it ends, and the one
+    going on when asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positive = False  # a positive norm has been read
+        self.run: Died | None = None  # a run of zeros going on, begun after a positive norm
+        self.fired: Died | None = None  # the latest run judged a divergence
+        self._with: tuple[Series, Series, DeadParams] | None = None
+
+    def read(self, g: Series, obj: Series, p: DeadParams) -> None:
+        self._with = (g, obj, p)
+        self.read_new(g, lambda i, x: self._point(i, x), self._many)
+        self._with = None
+
+    def _many(self, n0: int, v: FloatArray) -> None:
+        ok = np.flatnonzero(np.isfinite(v))  # a NaN norm neither extends nor ends a run
+        if len(ok) and not (v[ok] == 0).any():  # the common chunk: every norm positive
+            self._point(n0 + int(ok[-1]), float(v[ok[-1]]), len(ok))
+            return
+        for i in ok.tolist():
+            self._point(n0 + i, float(v[i]))
+
+    def _point(self, i: int, x: float, count: int = 1) -> None:
+        """The finite norm ``x`` at record ``i`` (``count``: the norms it stands for)."""
+        run = self.run
+        if x == 0:
+            if run is not None:
+                run.last, run.length = i, run.length + 1
+            elif self.positive:
+                self.run = Died(i, i, 1)
+            return
+        if run is not None:  # over: its verdict is final
+            run.ended, run.back, self.run = True, i, None
+            self._judge(run)
+        if self.fired is not None and self.fired.ended:
+            self.fired.after += count
+        self.positive = self.positive or x > 0
+
+    def _judge(self, run: Died, best_level: float = 0.0) -> None:
+        assert self._with is not None
+        g, obj, p = self._with
+        if run is self.fired or run.length < p.recover_points:
+            return
+        n = _at(g, obj, run.last, "right")
+        level = _level(obj, n)
+        if not level >= p.dead_factor * best_level:  # a cheap bound first: no best is lower
+            return
+        if math.isnan(run.best):
+            run.best = _best(obj.value[: _at(g, obj, run.first, "left")])
+        if run.best > 0 and level >= p.dead_factor * run.best:
+            run.at = min(_at(g, obj, run.first, "left"), len(obj) - 1)
+            run.level = level
+            self.fired = run
+
+    def verdict(self, g: Series, obj: Series, best_level: float,
+                p: DeadParams) -> Died | None:
+        """The latest run of zeros judged a divergence (going on, ended, or recovered
+        from: the caller tells which by ``ended`` and ``after``), else None.
+        ``best_level``: the objective's lowest level so far (no best before is lower)."""
+        if self.run is not None:
+            self._with = (g, obj, p)
+            self._judge(self.run, best_level)
+            self._with = None
+        return self.fired
+
+    def band(self, p: DeadParams) -> Band | None:
+        """The norms that change nothing found; None (judge at every record) while a run
+        of zeros that may become a divergence goes on, or one not yet recovered from."""
+        if self.run is not None or (
+                self.fired is not None and self.fired.after < p.recover_points):
+            return None
+        if not self.positive:  # zeros begin nothing before a positive norm
+            return Band(math.inf, -_MAX, 0.0, True)
+        return Band(math.inf, _TINY, _MAX, True)
+
+
+def _at(g: Series, obj: Series, i: int, side: str) -> int:
+    """The objective's records before (``left``) or up to (``right``) record ``i`` of the
+    norm, by step where both have one, else by time."""
+    if math.isfinite(g.step[i]) and len(obj) and math.isfinite(obj.step[-1]):
+        return int(np.searchsorted(obj.step, g.step[i], side=side))  # type: ignore[call-overload]
+    return int(np.searchsorted(obj.time, g.time[i], side=side))  # type: ignore[call-overload]
+
+
+def _level(obj: Series, n: int) -> float:
+    """The median of the objective's last three finite values among its first ``n``."""
+    v = obj.value[max(n - 8, 0): n]
+    v = v[np.isfinite(v)][-3:]
+    return float(np.median(v)) if len(v) else math.nan
+
+
+def _best(v: FloatArray) -> float:
+    """The lowest level (median of three finite values) of ``v``."""
+    v = v[np.isfinite(v)]
+    return float(rolling_median3(v).min()) if len(v) >= 3 else math.nan
