@@ -432,6 +432,27 @@ def test_validation_drifting_up_a_little_is_not_overfit() -> None:
     assert judged(overfit_run(val_end=0.45), "overfit") == []
 
 
+def test_a_validation_loss_that_doubled_is_overfit_unless_the_policy_waits_for_more() -> None:
+    """A Keras lab's validation loss (a held-out run's shape): 0.79 at its third epoch,
+    1.75 at its 25th (2.2 x) while its training loss falls 1.33 -> 0.06, labelled overfit
+    blind: the rule's median of three evaluations at 2 x its best (the default) finds it; a
+    policy at 3 x does not, and a 1.5-fold drift (labelled mild, healthy) is no finding
+    either way."""
+    from trainguard.checker import RuleConfig
+
+    epochs = np.arange(25.0)
+    val = np.concatenate([[1.26, 0.91, 0.79], np.linspace(0.80, 1.75, 22)])
+    train = np.geomspace(1.33, 0.06, 25)
+    job = job_of({"val_loss": (epochs, val), "loss": (epochs, train)})
+    (f,) = judged(job, "overfit")
+    assert f.evidence["best_step"] == 2 and 2.0 <= f.evidence["ratio"] < 2.2
+    waits = Policy(rules={"overfit": RuleConfig(params={"factor": 3.0})})
+    assert judged(job, "overfit", policy=waits) == []
+    mild = np.concatenate([[1.26, 0.91, 0.79], np.linspace(0.80, 1.2, 22)])
+    assert judged(job_of({"val_loss": (epochs, mild), "loss": (epochs, train)}),
+                  "overfit") == []
+
+
 def test_validation_climbing_while_training_climbs_too_is_not_overfit() -> None:
     assert judged(overfit_run(val_end=3.0, train_end=2.0), "overfit") == []
 
