@@ -129,6 +129,7 @@ def test_healthy_writer_runs_to_the_end(tmp_path: Path,
 PRINTER = r"""
 import sys, time
 out, steps = sys.argv[1], int(sys.argv[2])
+then = sys.argv[3] if len(sys.argv) > 3 else "exit"
 with open(out, "a") as f:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     f.write(f"{stamp},037 - nanochat.common - INFO - Distributed world size: 1\n")
@@ -138,6 +139,8 @@ with open(out, "a") as f:
                 f"{3.0 / (step + 1):.6f} | dt: 50.00ms\n")
         f.flush()
         time.sleep(0.05)
+if then == "hang":
+    time.sleep(120)
 """
 
 
@@ -157,6 +160,28 @@ def test_printed_steps_after_one_logged_line_are_no_stall(
     assert p.returncode == 0
     assert outcome.stopped_by is None and outcome.findings == []
     assert outcome.steps == 99
+
+
+def test_a_log_with_no_clock_that_hangs_is_stopped(
+        tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Printed steps with no time on them (nanoGPT's ``iter 10: loss 4.57``): the log alone
+    measures no silence, so a live watch saw a hung run as a running one and never stopped
+    it. Its records are now timed by when the watchdog saw them (the file's mtime at each
+    read), from the process's start: the hang is a stall, and SIGTERM lands."""
+    run = tmp_path / "printed.log"
+    p = subprocess.Popen([sys.executable, "-c", PRINTER, str(run), "40", "hang"])
+    procs.append(p)
+    console, out = quiet()
+    t0 = time.time()
+    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.2, console, until=60,
+                   processes={run: p})
+    assert time.time() - t0 < 30  # ended because the process did, not by ``until``
+    assert p.returncode == -15  # SIGTERM
+    [outcome] = result.runs
+    assert outcome.stopped_by == "stall" and outcome.steps == 39
+    assert outcome.stopped_at is not None and outcome.start_time is not None
+    assert outcome.stopped_at - outcome.start_time >= 40 * 0.05 + 2.0
+    assert "no progress for" in out.getvalue() and "STOPPED" in out.getvalue()
 
 
 def test_sigkill_after_the_grace_period(tmp_path: Path,
@@ -266,3 +291,36 @@ def test_watch_start_needs_a_watched_path() -> None:
 
     res = CliRunner().invoke(app, ["watch", "a.jsonl", "--start", "b.jsonl=true"])
     assert res.exit_code == 2 and "is not one of the runs watched" in res.output
+
+
+def test_the_read_clock_times_records_by_when_they_were_seen() -> None:
+    """``ReadClock`` on its own: the records there at the first read spread from the
+    process's start to that read, the ones new at each later read at its mtime, a series
+    begun later at the read that first saw it, and a series that lost records (the file
+    rewritten) spread again."""
+    import numpy as np
+
+    from trainguard.adapters.local.clock import ReadClock
+    from trainguard.checker.model import Job, LogLine, Series
+
+    def cut(n: int, val: int = 0, logs: int = 0) -> Job:
+        k = np.arange(float(n))
+        series = {"loss": Series("loss", k, k, 3.0 / (k + 1))}
+        if val:
+            v = np.arange(float(val)) * 10
+            series["val_loss"] = Series("val_loss", v, v, np.ones(val))
+        return Job(id="r", clock="step", series=series,
+                   logs=[LogLine(float(i), f"line {i}") for i in range(logs)])
+
+    clock = ReadClock(start=100.0)
+    first = clock.stamp(cut(4, logs=1), 104.0)
+    assert first.clock == "wall" and first.start_time == 100.0
+    assert first.series["loss"].time.tolist() == [101.0, 102.0, 103.0, 104.0]
+    later = clock.stamp(cut(6, val=2, logs=2), 110.0)
+    assert later.series["loss"].time.tolist() == [101.0, 102.0, 103.0, 104.0, 110.0, 110.0]
+    assert later.series["val_loss"].time.tolist() == [110.0, 110.0]  # begun since
+    assert [line.time for line in later.logs] == [104.0, 110.0]
+    rewritten = clock.stamp(cut(2), 120.0)
+    assert rewritten.series["loss"].time.tolist() == [110.0, 120.0]
+    elapsed = Job(id="e", clock="elapsed", series={})
+    assert clock.stamp(elapsed, 130.0) is elapsed  # its own clock, put on the wall elsewhere

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.adapters.local import MetricDefinition, assign_ids, load_runs
-from trainguard.adapters.local.clock import on_wall_clock
+from trainguard.adapters.local.clock import ReadClock, on_wall_clock
 from trainguard.adapters.local.process import GRACE_S, Process
 from trainguard.checker.model import Job, JobState
 
@@ -29,6 +29,7 @@ class LocalRun:
     signature: tuple[int, int] | None = None  # (size, mtime_ns) of the last read
     jobs: list[Job] = field(default_factory=list)  # the last good read: one per run held
     read_error: str | None = None
+    clocks: dict[str, ReadClock] = field(default_factory=dict)  # step-clock runs, per job id
 
     @property
     def job(self) -> Job | None:
@@ -91,12 +92,25 @@ class LocalSource:
                     if len(self.runs) > 1:  # several paths watched: say which one too
                         for f in found:
                             f.job.id = f"{run.job_id}/{f.job.id}"
-                run.jobs = [on_wall_clock(f.job, signature[1] / 1e9) for f in found]
+                mtime = signature[1] / 1e9
+                run.jobs = [self._on_wall_clock(run, on_wall_clock(f.job, mtime), mtime)
+                            for f in found]
                 run.read_error = None
             except Exception as e:  # a half-written or broken file: keep the last good read
                 run.read_error = f"{run.path}: {e}"
             run.signature = signature
         return run.jobs
+
+    @staticmethod
+    def _on_wall_clock(run: LocalRun, job: Job, mtime: float) -> Job:
+        """A run on its steps alone, put on the wall clock by when its records were seen
+        (``ReadClock``) where the process writing it says when it began: a stall is then
+        measured live. Without a process (nothing to stop) it stays on its steps."""
+        start = run.process.started_at if run.process is not None else None
+        if job.clock != "step" or start is None:
+            return job
+        clock = run.clocks.setdefault(job.id, ReadClock(start))
+        return clock.stamp(job, mtime)
 
     def _with_state(self, run: LocalRun, job: Job, now: float) -> Job:
         proc = run.process

@@ -17,6 +17,9 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
   beyond its noise, and stays there without coming back down for half as many steps
   as the run had taken (``divergence_shift``): a language model collapsing to its
   unigram entropy is 2-fold, neither 5-fold nor back where it started;
+- finds, in a run whose logged gradient norm was positive, a norm exactly 0 for
+  ``recover_points`` records while the objective stands at ``dead_factor`` times its best
+  (``divergence_dead``): a dead gradient, from which no optimiser step brings it back;
 - calls a finite blow-up in a term of the objective (a VAE's KL term waking up, an MoE's
   balancing loss stepping up), while the objective is fine, a warning naming the term;
 - calls non-finite values in evaluation losses only (validation NaN/inf while the
