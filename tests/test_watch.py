@@ -17,7 +17,7 @@ from rich.console import Console
 
 from trainguard.checker.model import Action, Severity
 from trainguard.checker.policy import Policy, RuleConfig, Safety
-from trainguard.lambdas.local import watch
+from trainguard.lambdas.local import WatchResult, watch
 from trainguard.lambdas.sqlite_state import SQLiteStore
 from trainguard.lambdas.state import AuditAction
 
@@ -69,23 +69,29 @@ def quiet() -> tuple[Console, io.StringIO]:
     return Console(file=buf, width=200, force_terminal=False), buf
 
 
+def stopped(run: Path, p: subprocess.Popen[bytes], tick: float,
+            state: Path) -> tuple[WatchResult, str]:
+    """``watch`` of ``run`` written by ``p`` under the stall policy, which must end because
+    the process did (SIGTERMed), not by ``until``; the result and what it printed."""
+    console, out = quiet()
+    t0 = time.time()
+    result = watch([run], stall_policy(), state, tick, console, until=60, processes={run: p})
+    assert time.time() - t0 < 30  # ended because the process did, not by ``until``
+    assert p.returncode == -15  # SIGTERM
+    return result, out.getvalue()
+
+
 def test_hung_writer_is_found_live_and_sigterm_lands(tmp_path: Path,
                                                      procs: list[subprocess.Popen[bytes]]) -> None:
     run = tmp_path / "hung.jsonl"
     p = spawn(procs, run, 30, "hang")
-    console, out = quiet()
-    t0 = time.time()
-    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.3, console, until=60,
-                   processes={run: p})
-    assert time.time() - t0 < 30  # ended because the process did, not by ``until``
-    assert p.returncode == -15  # SIGTERM
+    result, text = stopped(run, p, 0.3, tmp_path / "state.sqlite")
     [outcome] = result.runs
     assert outcome.stopped_by == "stall"
     assert outcome.state == "STOPPED"
     assert outcome.steps == 30  # the file was read as it grew
     assert outcome.stopped_at is not None and outcome.start_time is not None
     assert outcome.stopped_at - outcome.start_time >= 30 * 0.05 + 2.0  # critical after 2x 1 s
-    text = out.getvalue()
     assert "stall" in text and "STOPPED" in text and "hung" in text
     actions = [a.action for a in result.audit]
     assert actions.count(AuditAction.STOP) == 1
@@ -171,17 +177,12 @@ def test_a_log_with_no_clock_that_hangs_is_stopped(
     run = tmp_path / "printed.log"
     p = subprocess.Popen([sys.executable, "-c", PRINTER, str(run), "40", "hang"])
     procs.append(p)
-    console, out = quiet()
-    t0 = time.time()
-    result = watch([run], stall_policy(), tmp_path / "state.sqlite", 0.2, console, until=60,
-                   processes={run: p})
-    assert time.time() - t0 < 30  # ended because the process did, not by ``until``
-    assert p.returncode == -15  # SIGTERM
+    result, text = stopped(run, p, 0.2, tmp_path / "state.sqlite")
     [outcome] = result.runs
     assert outcome.stopped_by == "stall" and outcome.steps == 39
     assert outcome.stopped_at is not None and outcome.start_time is not None
     assert outcome.stopped_at - outcome.start_time >= 40 * 0.05 + 2.0
-    assert "no progress for" in out.getvalue() and "STOPPED" in out.getvalue()
+    assert "no progress for" in text and "STOPPED" in text
 
 
 def test_sigkill_after_the_grace_period(tmp_path: Path,

@@ -46,40 +46,41 @@ class Died:
     first: int  # the norm's record of its first zero
     last: int  # ... and of its last
     length: int  # zeros in it
-    ended: bool = False  # a positive norm came after it
-    back: int = -1  # ... the norm's record of that one
+    back: int = -1  # the norm's record of the positive one that ended it (-1: going on)
     after: int = 0  # finite norms read since it ended
     best: float = math.nan  # the objective's best level before it (once worked out)
     at: int = -1  # the objective's first record in it (once judged a divergence)
     level: float = math.nan  # ... and its level then
 
+    @property
+    def ended(self) -> bool:
+        return self.back >= 0
+
 
 class Dead(Track):
-    """The runs of zeros of one gradient norm, fed a record at a time or in chunks (the
-    same result either way), each judged against the objective when it ends, and the one
-    going on when asked."""
+    """The runs of zeros of one gradient norm ``g``, fed a record at a time or in chunks
+    (the same result either way), each judged against the objective ``obj`` when it
+    ends, and the one going on when asked."""
 
     def __init__(self) -> None:
         super().__init__()
         self.positive = False  # a positive norm has been read
         self.run: Died | None = None  # a run of zeros going on, begun after a positive norm
         self.fired: Died | None = None  # the latest run judged a divergence
-        self._with: tuple[Series, Series, DeadParams] | None = None
 
     def read(self, g: Series, obj: Series, p: DeadParams) -> None:
-        self._with = (g, obj, p)
-        self.read_new(g, lambda i, x: self._point(i, x), self._many)
-        self._with = None
+        def many(n0: int, v: FloatArray) -> None:
+            ok = np.flatnonzero(np.isfinite(v))  # a NaN norm neither extends nor ends a run
+            if len(ok) and not (v[ok] == 0).any():  # the common chunk: every norm positive
+                self._point(n0 + int(ok[-1]), float(v[ok[-1]]), g, obj, p, len(ok))
+                return
+            for i in ok.tolist():
+                self._point(n0 + i, float(v[i]), g, obj, p)
 
-    def _many(self, n0: int, v: FloatArray) -> None:
-        ok = np.flatnonzero(np.isfinite(v))  # a NaN norm neither extends nor ends a run
-        if len(ok) and not (v[ok] == 0).any():  # the common chunk: every norm positive
-            self._point(n0 + int(ok[-1]), float(v[ok[-1]]), len(ok))
-            return
-        for i in ok.tolist():
-            self._point(n0 + i, float(v[i]))
+        self.read_new(g, lambda i, x: self._point(i, x, g, obj, p), many)
 
-    def _point(self, i: int, x: float, count: int = 1) -> None:
+    def _point(self, i: int, x: float, g: Series, obj: Series, p: DeadParams,
+               count: int = 1) -> None:
         """The finite norm ``x`` at record ``i`` (``count``: the norms it stands for)."""
         run = self.run
         if x == 0:
@@ -89,37 +90,36 @@ class Dead(Track):
                 self.run = Died(i, i, 1)
             return
         if run is not None:  # over: its verdict is final
-            run.ended, run.back, self.run = True, i, None
-            self._judge(run)
+            run.back, self.run = i, None
+            self._judge(run, g, obj, p)
         if self.fired is not None and self.fired.ended:
             self.fired.after += count
         self.positive = self.positive or x > 0
 
-    def _judge(self, run: Died, best_level: float = 0.0) -> None:
-        assert self._with is not None
-        g, obj, p = self._with
+    def _judge(self, run: Died, g: Series, obj: Series, p: DeadParams,
+               best_level: float = 0.0) -> None:
+        """``run`` is a divergence if it is long enough and the objective stands at
+        ``dead_factor`` x its best before it; ``best_level`` (no best is lower) bounds
+        that cheaply first."""
         if run is self.fired or run.length < p.recover_points:
             return
-        n = _at(g, obj, run.last, "right")
-        level = _level(obj, n)
-        if not level >= p.dead_factor * best_level:  # a cheap bound first: no best is lower
+        level = _level(obj, _at(g, obj, run.last, "right"))
+        if not level >= p.dead_factor * best_level:
             return
+        start = _at(g, obj, run.first, "left")
         if math.isnan(run.best):
-            run.best = _best(obj.value[: _at(g, obj, run.first, "left")])
+            run.best = _best(obj.value[:start])
         if run.best > 0 and level >= p.dead_factor * run.best:
-            run.at = min(_at(g, obj, run.first, "left"), len(obj) - 1)
-            run.level = level
+            run.at, run.level = min(start, len(obj) - 1), level
             self.fired = run
 
     def verdict(self, g: Series, obj: Series, best_level: float,
                 p: DeadParams) -> Died | None:
         """The latest run of zeros judged a divergence (going on, ended, or recovered
         from: the caller tells which by ``ended`` and ``after``), else None.
-        ``best_level``: the objective's lowest level so far (no best before is lower)."""
+        ``best_level``: the objective's lowest level so far."""
         if self.run is not None:
-            self._with = (g, obj, p)
-            self._judge(self.run, best_level)
-            self._with = None
+            self._judge(self.run, g, obj, p, best_level)
         return self.fired
 
     def band(self, p: DeadParams) -> Band | None:

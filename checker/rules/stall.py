@@ -81,11 +81,11 @@ class StallParams:
         64, "beyond max_points, the cadence is learnt again each time the run grows by a "
         "block of at most 1/this of its records")
 
-
     def critical_after(self, threshold: float) -> float:
         """The silence that is critical for a stall ``threshold`` (the watchdog's and the
         PrometheusRule's alike)."""
         return max(self.critical_factor * threshold, self.critical_seconds)
+
 
 @register
 class Stall(Rule):
