@@ -87,6 +87,23 @@ def lines(log: Path) -> int:
     return sum(1 for _ in log.open())
 
 
+def test_a_training_that_loads_before_its_first_record_is_waited_for(tmp_path: Path) -> None:
+    """A training that takes longer than three ticks to write its first record (a model
+    and a dataset to load) is a running job with nothing logged yet: the gate waited three
+    ticks for the file and ended with "the job could not be read" (exit 2)."""
+    script = tmp_path / "slow.py"
+    script.write_text(TRAIN.replace("path, kind, planned = sys.argv[1], sys.argv[2], "
+                                    "int(sys.argv[3])",
+                                    "path, kind, planned = sys.argv[1], sys.argv[2], "
+                                    "int(sys.argv[3]); time.sleep(1.5)"))
+    log = tmp_path / "slow.log"
+    code, output, data = gate(str(log), "--source", "local",
+                              "--start", f"{sys.executable} {script} {log} healthy 30")
+    assert code == PASS, output
+    assert "cannot read the job" not in output
+    assert data["verdict"] == "pass" and data["state"] == "SUCCEEDED"
+
+
 def test_a_healthy_run_passes(train: Any) -> None:
     log, command = train("healthy", 60)
     code, output, data = gate(str(log), "--source", "local", "--start", command,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from trainguard.checker.model import Job
 from trainguard.gate import (
     ERROR,
     GateError,
@@ -98,6 +99,11 @@ def local_source(ref: str, process: int | subprocess.Popen[bytes] | None, metric
         jobs = local.list_jobs(now)
         if not jobs and run.read_error:
             raise GateError(run.read_error)
+        if not jobs and run.process is not None and run.process.poll(now):
+            # the training is still loading (a model, a dataset) before its first record:
+            # a running job with nothing logged yet, not one that cannot be read
+            return Job(id=run.job_id, start_time=run.process.started_at,
+                       raw_state="running, no record yet")
         return jobs[0] if jobs else None
 
     return GateSource("local", read, local.stop, ref, deadline_s, local)
