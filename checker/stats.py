@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,6 +92,18 @@ def rolling_median3(v: FloatArray) -> FloatArray:
         return np.empty(0)
     a, b, c = v[:-2], v[1:-1], v[2:]
     return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+
+
+def trend_z(x: FloatArray) -> float:
+    """Mann-Kendall's trend statistic of ``x`` in standard deviations (no tie correction,
+    ties count 0): about N(0, 1) for points in random order, whatever their distribution,
+    and 2.6 for six points each above the one before. O(n^2): callers bound n."""
+    n = len(x)
+    if n < 3:
+        return 0.0
+    s = float(np.sign(x[None, :] - x[:, None])[np.triu_indices(n, 1)].sum())
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    return (s - math.copysign(1.0, s) * (s != 0)) / math.sqrt(var)  # continuity-corrected
 
 
 def span_thirds(x: FloatArray) -> tuple[np.ndarray, np.ndarray]:

@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from trainguard.checker import Job, Policy, Series, Severity, evaluate
-from trainguard.checker.stats import normal_quantile, t_quantile
+from trainguard.checker import Job, Policy, RuleConfig, Series, Severity, evaluate
+from trainguard.checker.stats import normal_quantile, t_quantile, trend_z
 from trainguard.replay import replay
 
 T0 = 1_750_000_000.0
@@ -111,8 +111,6 @@ def test_a_short_binary_run_at_ln2_is_not_learning_without_an_accuracy() -> None
 
 
 def test_chance_level_names_the_nearest_k_where_the_bands_overlap() -> None:
-    from trainguard.checker import RuleConfig
-
     steps = np.arange(6.0)
     # ln 10 = 2.303 also lies within ln 9's band (2.197 * 1.05 = 2.307): the run is at
     # the chance level of ten classes, and the finding must say so, not "ln 9".
@@ -436,21 +434,76 @@ def test_a_validation_loss_that_doubled_is_overfit_unless_the_policy_waits_for_m
     """A Keras lab's validation loss (a held-out run's shape): 0.79 at its third epoch,
     1.75 at its 25th (2.2 x) while its training loss falls 1.33 -> 0.06, labelled overfit
     blind: the rule's median of three evaluations at 2 x its best (the default) finds it; a
-    policy at 3 x does not, and a 1.5-fold drift (labelled mild, healthy) is no finding
-    either way."""
-    from trainguard.checker import RuleConfig
-
+    policy at 3 x (both ways of climbing) does not, and a 1.5-fold drift (labelled mild,
+    healthy: its level, a median of three, stays under 1.5 x) is no finding either way."""
     epochs = np.arange(25.0)
     val = np.concatenate([[1.26, 0.91, 0.79], np.linspace(0.80, 1.75, 22)])
     train = np.geomspace(1.33, 0.06, 25)
     job = job_of({"val_loss": (epochs, val), "loss": (epochs, train)})
     (f,) = judged(job, "overfit")
     assert f.evidence["best_step"] == 2 and 2.0 <= f.evidence["ratio"] < 2.2
-    waits = Policy(rules={"overfit": RuleConfig(params={"factor": 3.0})})
+    waits = Policy(rules={"overfit": RuleConfig(params={"factor": 3.0,
+                                                         "steady_factor": 3.0})})
     assert judged(job, "overfit", policy=waits) == []
     mild = np.concatenate([[1.26, 0.91, 0.79], np.linspace(0.80, 1.2, 22)])
     assert judged(job_of({"val_loss": (epochs, mild), "loss": (epochs, train)}),
                   "overfit") == []
+
+
+def steady_run(val_after: np.ndarray, val_before: np.ndarray | None = None) -> Job:
+    """Evaluations once an epoch: the held-out loss falls over ``val_before`` (default
+    0.9 -> 0.5 in five epochs), then follows ``val_after``; the training loss falls
+    throughout (0.9 -> 0.03)."""
+    before = np.linspace(0.9, 0.5, 5) if val_before is None else val_before
+    val = np.concatenate([before, val_after])
+    epochs = np.arange(float(len(val)))
+    return job_of({"val_loss": (epochs, val),
+                   "loss": (epochs, np.geomspace(0.9, 0.03, len(val)))})
+
+
+def test_a_steady_climb_back_above_where_it_started_is_overfit_below_two_fold() -> None:
+    """The held-out shapes the 2 x line missed (a Keras lab's validation loss 0.79 ->
+    1.54 over 22 epochs, a Hugging Face fine-tune's 0.51 -> 1.23 over 8 evaluations):
+    climbing every evaluation or nearly, from 0.5 to 0.85 (1.7 x, above the first
+    evaluation's 0.9 only at the end) with noise: a warning that says it climbed
+    steadily, from the lowest evaluation's step."""
+    rng = np.random.default_rng(3)
+    climb = np.linspace(0.52, 0.95, 16) + rng.normal(0, 0.015, 16)
+    (f,) = judged(steady_run(climb), "overfit")
+    assert f.severity is Severity.WARNING and "climbed steadily" in f.message
+    assert f.evidence["steady"] and f.evidence["trend_z"] >= 2.33
+    assert f.evidence["best_step"] == 4 and f.evidence["climbing_since_step"] == 5
+    assert 1.5 <= f.evidence["ratio"] < 2.0
+    # the 2 x line alone does not see it
+    only_many_fold = Policy(rules={"overfit": RuleConfig(params={"steady_factor": 2.0})})
+    assert judged(steady_run(climb), "overfit", policy=only_many_fold) == []
+
+
+def test_the_trend_statistic_is_rare_on_noise_and_large_on_a_steady_climb() -> None:
+    """Mann-Kendall's z: six evaluations each above the one before are 2.6 (past the
+    2.33 line), a falling run as far below, equal values 0; on points in random order it
+    passes 2.33 about once in a hundred, whatever their distribution (heavy tails too)."""
+    assert trend_z(np.arange(6.0)) == pytest.approx(2.63, abs=0.01)
+    assert trend_z(-np.arange(6.0)) == pytest.approx(-2.63, abs=0.01)
+    assert trend_z(np.ones(8)) == 0.0 and trend_z(np.arange(2.0)) == 0.0
+    rng = np.random.default_rng(7)
+    for n in (8, 30, 64):
+        z = np.array([trend_z(rng.standard_cauchy(n)) for _ in range(2000)])
+        assert (z >= 2.33).mean() < 0.02
+
+
+def test_a_shift_or_a_partial_give_back_is_not_a_steady_climb() -> None:
+    """Not overfitting by this path: a held-out loss that stepped up once to 1.9 x its best
+    and sits there with noise (no order in its evaluations after the lowest: the 2 x line
+    judges a level); one that learnt much (2.0 -> 0.4) and climbed back 1.75-fold,
+    steadily, to half its first level (the held-out gain mostly kept); and one climbing
+    steadily by 1.4 x (a mild drift, labelled healthy on the held-out runs)."""
+    rng = np.random.default_rng(4)
+    shifted = 0.95 + rng.normal(0, 0.03, 16)
+    assert judged(steady_run(shifted), "overfit") == []
+    kept = steady_run(np.linspace(0.42, 0.7, 16), np.geomspace(2.0, 0.4, 8))
+    assert judged(kept, "overfit") == []
+    assert judged(steady_run(np.linspace(0.52, 0.70, 16)), "overfit") == []
 
 
 def test_validation_climbing_while_training_climbs_too_is_not_overfit() -> None:
@@ -463,8 +516,6 @@ def test_a_window_in_seconds_or_steps_covers_that_much_of_the_run() -> None:
     loss = np.concatenate([np.linspace(4.4, 4.0, 200), np.full(100, 4.0)])
     loss += np.random.default_rng(7).normal(0, 0.002, 300)
     job = job_of({"loss": (steps, loss)})
-    from trainguard.checker import RuleConfig
-
     def flat_with(**params: float) -> bool:
         policy = Policy(rules={"plateau": RuleConfig(params=dict(params))})
         return any(f.severity is not Severity.INFO for f in judged(job, "plateau",

@@ -5,8 +5,11 @@ between validation and training loss) and ``overtraining`` (patience_validation=
 delta=0.01). A gap ratio fires on any model whose validation loss sits above its
 training loss, which is most models. This rule asks for the failure itself: the
 validation level (a median of three evaluations, so one odd evaluation cannot move
-it) at least ``factor`` times its own best for ``points`` evaluations in a row, while
-the training loss is lower than it was when validation was at its best. It reports
+it) at least ``factor`` times its own best for ``points`` evaluations in a row, or a
+steady climb (the evaluations since the lowest one rising in rank order, Mann-Kendall,
+beyond what noise after a minimum does) that has taken the level ``steady_factor``
+times its best and back above where it started, while the training loss is lower than
+it was when validation was at its best. It reports
 the step of the best validation value (the checkpoint to keep) and, priced by the
 checker, what the run has spent since.
 
@@ -28,7 +31,9 @@ from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.seen import Track, tracked
-from trainguard.checker.stats import median, rolling_median3
+from trainguard.checker.stats import median, rolling_median3, trend_z
+
+_TREND = 64  # the most evaluations the trend test reads (it costs their square)
 
 
 @dataclass
@@ -44,8 +49,18 @@ class OverfitParams:
         "10 runs labelled overfit (1.95- to 2.4-fold climbs) unreported, and 2 x warns one "
         "more healthy run of 570. A policy that wants only many-fold climbs (a fine-tune "
         "growing over-confident while its accuracy holds doubles its validation loss "
-        "too) sets 3")
+        "too) sets 3, and steady_factor 3")
     points: int = param(3, "... for this many consecutive evaluations")
+    steady_factor: float = param(
+        1.5, "a held-out level this many times its best, and above its first level (all "
+        "it had gained on held-out data given back), is overfitting too when the "
+        "evaluations since the lowest one climb steadily (see steady_z): a textbook "
+        "overfit rises 1.5- to 2-fold over tens of epochs and never doubles in three")
+    steady_z: float = param(
+        2.33, "... steadily: the Mann-Kendall statistic of the evaluations after the lowest "
+        "one (the last 64 of them) at least this many standard deviations (2.33: one "
+        "chance in a hundred for evaluations in random order; six evaluations each above "
+        "the one before make 2.6)")
 
 
 class _Held(Track):
@@ -57,6 +72,8 @@ class _Held(Track):
         super().__init__()
         self.nf = 0  # finite evaluations read
         self.low = math.inf
+        self.low_at = -1  # the record of the lowest evaluation
+        self.first = math.nan  # the first level
         self.last: list[tuple[int, float]] = []  # the last two: (record, value)
         self.best = math.inf  # the lowest level
         self.level = math.nan  # the last level
@@ -91,9 +108,13 @@ class _Held(Track):
             else:
                 self.high += len(high)
             self.level, self.best = float(levels[-1]), float(best[-1])
+            if math.isnan(self.first):
+                self.first = float(levels[0])
         self.last = pairs[-2:]
         self.nf += len(v)
-        self.low = min(self.low, min(v))
+        k = int(np.argmin(v))
+        if v[k] < self.low:
+            self.low, self.low_at = v[k], at[k]
         recent = self.recent + pairs[len(pairs) - len(v):]
         if len(recent) > p.points:  # the oldest leave the last ``points``: the best of them
             older = recent[: len(recent) - p.points]
@@ -106,6 +127,17 @@ class _Held(Track):
     def climbing(self, p: OverfitParams) -> bool:
         """The rule's condition on the held-out loss alone, as of the last evaluation."""
         return self.nf >= 2 + p.points and self.low > 0 and self.high >= p.points
+
+    def steady(self, s: Series, p: OverfitParams) -> float | None:
+        """The trend statistic of the evaluations after the lowest one, when they climb
+        steadily and have taken the level to ``steady_factor`` x its best and above its
+        first level; None when not."""
+        if not (self.nf >= 2 + p.points and self.low > 0
+                and self.level >= max(p.steady_factor * self.best, self.first)):
+            return None
+        after = s.value[self.low_at + 1:]
+        z = trend_z(after[np.isfinite(after)][-_TREND:])
+        return z if z >= p.steady_z else None
 
 
 class _Finite(Track):
@@ -136,7 +168,8 @@ class Overfit(Rule):
         held.read(val, p)
         # Only a climb still going on as of the last evaluation; the training loss is not
         # read before there is one.
-        if not held.climbing(p):
+        steady = None if held.climbing(p) else held.steady(val, p)
+        if steady is None and not held.climbing(p):
             return []
         train = (job.series.get(p.train_metric) if p.train_metric else
                  training_objective(job, ctx.policy, ctx.state))
@@ -152,16 +185,20 @@ class Overfit(Rule):
         then, now = fell
         best_step = float(val.step[best_at]) if np.isfinite(val.step[best_at]) else None
         where = f"step {best_step:g}" if best_step is not None else f"record {best_at}"
+        how = ("climbed" if steady is None else
+               f"climbed steadily, {len(val) - 1 - held.low_at} evaluations since its lowest,")
+        since = held.since if steady is None else held.low_at + 1
         return [Finding(
             job_id=job.id, rule=self.name, severity=Severity.WARNING,
-            message=(f"{val.name} climbed to {held.level / held.best:.1f}x its best "
+            message=(f"{val.name} {how} to {held.level / held.best:.1f}x its best "
                      f"({float(val.value[best_at]):.4g} at {where}) while {train.name} fell "
                      f"{then:.4g} -> {now:.4g}: overfitting; the best checkpoint is at {where}"),
             started_at=float(val.time[best_at]), step=best_step,
             evidence={"kind": "overfit", "metric": val.name, "train_metric": train.name,
                       "best_value": float(val.value[best_at]), "best_step": best_step,
                       "level": held.level, "ratio": held.level / held.best,
-                      "climbing_since_step": float(val.step[held.since]),
+                      "climbing_since_step": float(val.step[since]),
+                      "steady": steady is not None, "trend_z": steady,
                       "train_then": then, "train_now": now},
         )]
 
