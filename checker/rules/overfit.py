@@ -74,6 +74,7 @@ class _Held(Track):
         self.low = math.inf
         self.low_at = -1  # the record of the lowest evaluation
         self.first = math.nan  # the first level
+        self.z, self.z_at = 0.0, -1  # the trend statistic, and the records it was read at
         self.last: list[tuple[int, float]] = []  # the last two: (record, value)
         self.best = math.inf  # the lowest level
         self.level = math.nan  # the last level
@@ -135,9 +136,10 @@ class _Held(Track):
         if not (self.nf >= 2 + p.points and self.low > 0
                 and self.level >= max(p.steady_factor * self.best, self.first)):
             return None
-        after = s.value[self.low_at + 1:]
-        z = trend_z(after[np.isfinite(after)][-_TREND:])
-        return z if z >= p.steady_z else None
+        if self.z_at != self.n:  # once per evaluation, not at each training record after
+            after = s.value[self.low_at + 1: self.n]
+            self.z, self.z_at = trend_z(after[np.isfinite(after)][-_TREND:]), self.n
+        return self.z if self.z >= p.steady_z else None
 
 
 class _Finite(Track):
