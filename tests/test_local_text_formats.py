@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trainguard.adapters.local import load_run
@@ -193,6 +194,26 @@ def test_torchtitan_lines_in_terminal_colours(tmp_path: Path) -> None:
             "70,593\x1b[39m\n")
     job = _read(tmp_path, "".join(line.format(s=s, loss=12 - s / 10) for s in (1, 10, 20)))
     assert _series(job, "loss") == ([1, 10, 20], [11.9, 11.0, 10.0])
+
+
+def test_a_timestamp_after_a_launchers_tags_is_the_clock(tmp_path: Path) -> None:
+    """torchtitan writes ``[rank0]:[titan] 2026-04-19 12:18:01,628 - root - INFO - step: 10
+    loss: ...`` and Megatron `` [2025-03-01 10:00:01] iteration ...``: the time after the
+    blanks and tags was unread, so a hang on such a log was a silence on the steps, which
+    `check` and `replay` cannot measure. A tag followed by a date that is data, and a
+    bracketed timestamp with a T in it, read as before."""
+    line = ("[rank0]:[titan] 2026-04-19 12:{m:02d}:01,628 - root - INFO - step: {s:2d}  "
+            "loss: {loss:.4f}\n")
+    job = _read(tmp_path, "".join(line.format(m=s, s=s, loss=9 - s / 10) for s in range(1, 6)))
+    assert job.clock == "wall"
+    assert np.diff(job.series["loss"].time).tolist() == [60.0] * 4
+    mega = (" [2025-03-01 10:00:0{s}] iteration        {s}/   15535 | lm loss: {loss:E} |\n")
+    job = _read(tmp_path, "".join(mega.format(s=s, loss=12.2 - s / 1e3) for s in range(1, 6)),
+                "megatron.log")
+    assert job.clock == "wall" and np.diff(job.series["loss"].time).tolist() == [1.0] * 4
+    iso = "".join(f"[2025-03-01T10:00:0{s}] step {s} loss {3 - s / 10}\n" for s in range(1, 6))
+    job = _read(tmp_path, iso, "iso.log")
+    assert np.diff(job.series["loss"].time).tolist() == [1.0] * 4
 
 
 def test_megatrons_learning_rate_is_the_lr(tmp_path: Path) -> None:

@@ -23,8 +23,11 @@ from trainguard.adapters.local.definitions import (
 from trainguard.adapters.local.errors import FormatError
 
 # An ISO-8601 timestamp at the start of a line, optionally in brackets.
-# ISO-8601, or with slashes in the date as MMEngine's logger writes it (2023/06/05 20:10:13)
+# ISO-8601, or with slashes in the date as MMEngine's logger writes it (2023/06/05 20:10:13);
+# after the blanks and up to three bracketed tags a launcher puts before it
+# (torchtitan's "[rank0]:[titan] 2026-04-19 12:18:01,628", Megatron's " [2025-03-01 ...]")
 _TIMESTAMP = re.compile(
+    r"[ \t]*(?:\[[^\]\s]{1,40}\]:?[ \t]?){0,3}"
     r"\[?(\d{4}([-/])\d{2}\2\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
     r"(?:Z|[+-]\d{2}(?::?\d{2})?)?)")
 _TS_START = frozenset("0123456789[")
@@ -117,7 +120,8 @@ class TextReader(Reader):
                 wall = math.nan
                 if not source and _SOURCE.match(line):
                     source = True
-                if line[:1] in _TS_START:
+                if line[:1] in _TS_START or (line[:1] in " \t"
+                                             and line.lstrip(" \t")[:1] in _TS_START):
                     ts = _TIMESTAMP.match(line)
                     # a date-like prefix that is no real timestamp leaves the clock alone
                     if ts is not None:
