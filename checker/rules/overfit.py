@@ -170,8 +170,9 @@ class Overfit(Rule):
         held.read(val, p)
         # Only a climb still going on as of the last evaluation; the training loss is not
         # read before there is one.
-        steady = None if held.climbing(p) else held.steady(val, p)
-        if steady is None and not held.climbing(p):
+        climbing = held.climbing(p)
+        steady = None if climbing else held.steady(val, p)
+        if not climbing and steady is None:
             return []
         train = (job.series.get(p.train_metric) if p.train_metric else
                  training_objective(job, ctx.policy, ctx.state))
