@@ -317,10 +317,11 @@ def phase_start(job: Job) -> float | None:
     return float(ep.time[went[-1] + 1]) if len(went) else None
 
 
-def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
+def per_epoch(job: Job, s: Series, min_per_epoch: float, min_epochs: int = 2) -> Series:
     """``s`` as one point per epoch (the median of each epoch's points, at its last step)
-    when the job logs an ``epoch`` column and ``s`` has at least ``min_per_epoch`` points
-    per epoch on average; else ``s`` unchanged.
+    when the job logs an ``epoch`` column, ``s`` spans at least ``min_epochs`` epochs and
+    has at least ``min_per_epoch`` points per epoch on average; else ``s`` unchanged (a
+    two-epoch fine-tune's 50 losses are judged as 50 points, not 2).
 
     Per-batch losses of a loader that serves the same batches in the same order each
     epoch repeat a pattern whose point-to-point swing hides whether the level moves;
@@ -341,7 +342,7 @@ def per_epoch(job: Job, s: Series, min_per_epoch: float) -> Series:
     if (np.diff(epoch) < 0).any():
         return s  # steps out of order: epochs do not group the points
     starts = np.flatnonzero(np.r_[True, epoch[1:] != epoch[:-1]])
-    if len(starts) < 2 or len(s) / len(starts) < min_per_epoch:
+    if len(starts) < max(2, min_epochs) or len(s) / len(starts) < min_per_epoch:
         return s
     ends = np.r_[starts[1:], len(epoch)]
     # Each epoch's median at once: sort by (epoch, value), non-finite values last within

@@ -204,3 +204,47 @@ def test_olmo_trainer_log(tmp_path: Path) -> None:
     loss = job.series["loss"]
     assert loss.step.tolist() == list(range(1, 31))
     assert loss.value[0] == pytest.approx(2.99) and loss.value[-1] == pytest.approx(2.70)
+
+
+def test_stable_baselines3_monitor_csv(tmp_path: Path) -> None:
+    """stable-baselines3's ``Monitor`` writes ``#{"t_start": ...}`` above ``r,l,t``: the
+    comment line was taken for the header ("row has 3 cells but the header has 2
+    columns", a blind held-out LunarLander run). Each episode is read at the environment
+    steps taken by its end, on the wall clock ``t_start + t``; ``info_keywords`` columns
+    after ``t`` are read as they are."""
+    t0 = 1758042302.9
+    rows = [(-139.2 + 10 * i, 100 + i, 0.5 * (i + 1), i % 2) for i in range(8)]
+    path = tmp_path / "monitor.csv"
+    meta = json.dumps({"t_start": t0, "env_id": "LunarLander-v2"})
+    path.write_text(f"#{meta}\nr,l,t,is_success\n"
+                    + "".join(f"{r:.6f},{n},{t:.6f},{s}\n" for r, n, t, s in rows))
+    job = _load(path)
+    reward = job.series["episode_reward"]
+    assert reward.value.tolist() == pytest.approx([r for r, _, _, _ in rows])
+    assert reward.step.tolist() == np.cumsum([n for _, n, _, _ in rows]).tolist()
+    assert job.clock == "wall" and reward.time[0] == pytest.approx(t0 + 0.5)
+    assert job.series["episode_length"].value[-1] == 107
+    assert job.series["is_success"].value.tolist() == [0, 1] * 4
+
+
+def test_a_csv_with_comment_lines_names_the_files_own_line(tmp_path: Path) -> None:
+    """``#`` lines above a CSV's header are skipped; an error still names the line of the
+    file it is on."""
+    path = tmp_path / "log.csv"
+    path.write_text("# exported by a notebook\n# seed 3\nepoch,loss\n0,1.5\n1,x\n")
+    with pytest.raises(FormatError) as err:
+        load_run(path)
+    assert f"{path}:5" in str(err.value) and "'x'" in str(err.value)
+
+
+def test_stable_baselines3_progress_csv(tmp_path: Path) -> None:
+    """stable-baselines3's ``progress.csv``: ``time/total_timesteps`` is the step and
+    ``time/time_elapsed`` the clock (the run was on its row count, with no clock)."""
+    path = tmp_path / "progress.csv"
+    path.write_text("rollout/ep_rew_mean,time/fps,time/time_elapsed,time/total_timesteps,"
+                    "train/loss\n" + "".join(f"{-80 + 5 * i},300,{7 * (i + 1)},{2048 * (i + 1)},"
+                                             f"{40 - i}\n" for i in range(10)))
+    job = _load(path)
+    reward = job.series["rollout/ep_rew_mean"]
+    assert reward.step.tolist() == [2048.0 * (i + 1) for i in range(10)]
+    assert job.clock == "elapsed" and np.diff(reward.time).tolist() == [7.0] * 9

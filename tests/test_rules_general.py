@@ -152,6 +152,42 @@ def test_an_accuracy_near_one_third_on_a_falling_loss_is_not_chance() -> None:
     assert "no better than chance level ln 3" in f.message, f.message
 
 
+def fine_tune_of_two_epochs(loss: np.ndarray, accuracy: list[float]) -> Job:
+    """A Hugging Face fine-tune's shape: a training loss every 10 steps over two epochs
+    (``epoch`` logged beside it, fractional), an evaluation at the end of each."""
+    steps = 10.0 * np.arange(1, len(loss) + 1)
+    evals = steps[[len(loss) // 2 - 1, len(loss) - 1]]
+    return job_of({"loss": (steps, loss), "epoch": (steps, 2 * steps / steps[-1]),
+                   "eval_accuracy": (evals, np.array(accuracy))})
+
+
+def test_a_two_epoch_fine_tune_whose_loss_fell_to_chance_level_is_not_learning() -> None:
+    """A 3-class NLI fine-tune (a blind held-out run): its training loss 1.13 -> 1.11,
+    ln 3 = 1.099, over 50 records in two epochs, its accuracy 0.330 and 0.332 at its two
+    evaluations. Judged per epoch it was two points (never judged), and a loss that falls
+    2 % was "learning" however near ln 3 it ended: it fell *to* chance level, and two
+    accuracies at 1/3 name the three classes."""
+    rng = np.random.default_rng(5)
+    loss = math.log(3) + np.linspace(0.035, 0.008, 50) + rng.normal(0, 0.006, 50)
+    (f,) = judged(fine_tune_of_two_epochs(loss, [0.330, 0.332]), "plateau")
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 3
+    assert "sits at chance level ln 3" in f.message and f.evidence["points"] >= 40
+    # the same loss learning through ln 3 (its accuracy climbing) is no finding
+    learning = np.linspace(1.13, 0.55, 50) + rng.normal(0, 0.006, 50)
+    assert judged(fine_tune_of_two_epochs(learning, [0.62, 0.78]), "plateau") == []
+
+
+def test_a_three_epoch_run_is_judged_on_its_points_not_three_medians() -> None:
+    """Per-epoch medians need epochs: a run of three epochs and 60 training losses that sit
+    flat was three medians, fewer than ``min_points``, and never judged; it is judged on
+    its 60 points (per-epoch medians from five epochs on)."""
+    rng = np.random.default_rng(6)
+    steps = np.arange(1.0, 61.0)
+    flat = 2.5 + rng.normal(0, 0.004, 60)
+    (f,) = judged(job_of({"loss": (steps, flat), "epoch": (steps, steps / 20)}), "plateau")
+    assert f.evidence["kind"] == "flat" and "per-epoch" not in f.evidence["metric"]
+
+
 def test_a_held_out_loss_of_few_points_leaves_the_verdict_to_the_training_loss() -> None:
     """Three validation epochs say nothing (5 points are needed); the 30 training losses
     logged meanwhile do. Flat at 1.32 to four digits, the run is not learning, and the
@@ -504,6 +540,40 @@ def test_a_shift_or_a_partial_give_back_is_not_a_steady_climb() -> None:
     kept = steady_run(np.linspace(0.42, 0.7, 16), np.geomspace(2.0, 0.4, 8))
     assert judged(kept, "overfit") == []
     assert judged(steady_run(np.linspace(0.52, 0.70, 16)), "overfit") == []
+
+
+def test_a_best_at_the_first_evaluation_counts() -> None:
+    """A temporal-fusion transformer of the blind held-out runs: its validation loss 18.4
+    at its first evaluation, then 40.5, 44.6, 43.7, 47.4, 50.6 while the training loss
+    falls 0.79 -> 0.43. A median of three never holds a first evaluation (it has one
+    neighbour), so the best level was 40.5 and the climb 1.2-fold; the first evaluation
+    is a level of its own now, and the warning names it as the checkpoint to keep."""
+    steps = 3919.0 * np.arange(1, 7)
+    val = np.array([18.42, 40.5, 44.6, 43.7, 47.4, 50.62])
+    train = np.array([0.79, 0.62, 0.55, 0.50, 0.46, 0.43])
+    (f,) = judged(job_of({"val_loss": (steps, val), "train_loss_epoch": (steps, train)}),
+                  "overfit")
+    assert f.evidence["best_step"] == 3919 and f.evidence["ratio"] > 2
+    # a first evaluation 1.45 x below the rest, which then sit still, is no overfit
+    still = np.array([18.42, 27.0, 25.5, 26.8, 25.9, 26.4])
+    assert judged(job_of({"val_loss": (steps, still), "train_loss_epoch": (steps, train)}),
+                  "overfit") == []
+
+
+def test_training_falling_again_after_a_step_that_set_both_back_is_overfit() -> None:
+    """A Keras network of the blind held-out runs: at epoch 10 the validation loss jumps
+    11-fold and the training loss 2.4-fold; then training falls again (0.089 -> 0.057)
+    while validation climbs to 20 x its best. Training is still above where it stood at
+    validation's best, so "training lower than at the best" missed it; it is lower than
+    where the climb began."""
+    epochs = np.arange(16.0)
+    val = np.array([8.33, 0.201, 0.223, 0.245, 0.119, 0.183, 0.111, 0.083, 0.062, 0.055,
+                    0.639, 0.196, 0.191, 0.173, 0.482, 1.139])
+    train = np.array([0.402, 0.131, 0.101, 0.087, 0.074, 0.062, 0.053, 0.046, 0.040, 0.037,
+                      0.089, 0.075, 0.072, 0.066, 0.063, 0.057])
+    (f,) = judged(job_of({"val_loss": (epochs, val), "loss": (epochs, train)}), "overfit")
+    assert f.evidence["best_step"] == 9
+    assert f.evidence["train_now"] < f.evidence["train_then"]
 
 
 def test_validation_climbing_while_training_climbs_too_is_not_overfit() -> None:

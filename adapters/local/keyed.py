@@ -19,13 +19,14 @@ from trainguard.adapters.local.base import (
 from trainguard.adapters.local.errors import FormatError
 
 STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step",
-                       "current_steps"})
+                       "current_steps",
+                       "time/total_timesteps"})  # stable-baselines3's progress.csv
 #: The planned number of steps, as LLaMA-Factory's ``trainer_log.jsonl`` gives it.
 PLANNED_KEYS = frozenset({"total_steps", "max_steps"})
 WALL_KEYS = frozenset({"timestamp", "wall_time", "walltime", "_timestamp", "created_at",
                        "datetime"})
 ELAPSED_KEYS = frozenset({"elapsed", "elapsed_time", "elapsed_s", "_runtime", "relative_time",
-                          "train_time"})
+                          "train_time", "time/time_elapsed"})
 AUTO_TIME_KEYS = frozenset({"time"})  # epoch seconds, ISO text, or seconds since start
 
 

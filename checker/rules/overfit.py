@@ -96,6 +96,10 @@ class _Held(Track):
             return
         if self.nf == 0:
             self.since = at[0]  # a climb from the first evaluation on
+            # The first evaluation is a level of its own: with one neighbour, a median of
+            # three never holds it, and a fine-tune that generalised best at its first
+            # evaluation (18.4, then 40.5 to 50.6 while training falls) had no best there.
+            self.best = v[0]
         pairs = self.last + list(zip(at, v, strict=True))
         if len(pairs) >= 3:
             w = np.array([x for _, x in pairs])
@@ -181,8 +185,14 @@ class Overfit(Rule):
         best_at = held.best_at
         finite = tracked(ctx.state, "finite:" + train.name, train, _Finite)
         finite.read(train)
-        fell = _train_fell(train, float(val.step[best_at]), float(val.time[best_at]),
-                           finite.nonfinite == 0)
+        # The training loss lower now than where validation was best, or than where it
+        # began to climb: a step that set both back (validation 11 x, training 2.4 x) and
+        # after which training falls again while validation climbs on is overfitting too.
+        fell = None
+        for at in (best_at, _next_finite(val, best_at)):
+            if at is not None and fell is None:
+                fell = _train_fell(train, float(val.step[at]), float(val.time[at]),
+                                   finite.nonfinite == 0)
         if fell is None:
             return []
         then, now = fell
@@ -204,6 +214,12 @@ class Overfit(Rule):
                       "steady": steady is not None, "trend_z": steady,
                       "train_then": then, "train_now": now},
         )]
+
+
+def _next_finite(s: Series, at: int) -> int | None:
+    """The record of the first finite value of ``s`` after record ``at``."""
+    after = np.flatnonzero(np.isfinite(s.value[at + 1:]))
+    return at + 1 + int(after[0]) if len(after) else None
 
 
 def _train_fell(train: Series, step: float, time: float,

@@ -200,7 +200,7 @@ class Plateau(Rule):
             job, raw = _cut_job(job, _Since(job.series, phase)), _tail(raw, phase)
             if len(raw) == 0:
                 return []
-        s = _reduce(per_epoch(job, raw, p.epoch_points), p.max_points)
+        s = _reduce(per_epoch(job, raw, p.epoch_points, p.min_points), p.max_points)
         keep = np.isfinite(s.value)
         x = _axis(job, s, by_time=p.window_seconds is not None)
         on_steps = x is s.step
@@ -408,7 +408,8 @@ class Plateau(Rule):
         train = training_objective(job, ctx.policy, ctx.state)
         if train is None:
             return None
-        t = _reduce(per_epoch(job, train, self.params.epoch_points), self.params.max_points)
+        t = _reduce(per_epoch(job, train, self.params.epoch_points, self.params.min_points),
+                    self.params.max_points)
         ok = np.isfinite(t.value)
         return _axis(job, t)[ok], t.value[ok]
 
@@ -452,15 +453,24 @@ class Plateau(Rule):
         best = float(np.min(rolling_median3(v))) if len(v) >= 3 else float(np.min(v))
         head, tail = span_thirds(np.arange(len(v), dtype=float))
         start, end = median(v[head]), median(v[tail])
-        if start - end >= p.min_rel_improvement * start:
-            # A loss that is still falling is learning, near ln K or above it with an
-            # accuracy near 1/K: a 30 % top-1 accuracy is 1/3, and chance only on 3 classes.
-            return None
+        # A loss that is still falling is learning, unless it fell *to* ln K and sits
+        # there (an untrained head finding the classes' prior): above the band, with an
+        # accuracy near 1/K, a 30 % top-1 accuracy is 1/3, and chance only on 3 classes.
+        falling = start - end >= p.min_rel_improvement * start
         acc_s = accuracy_partner(job, raw)
         if acc_s is not None:
             a = acc_s.value[np.isfinite(acc_s.value)]
-            if len(a) >= p.chance_min_points and 0 < median(a) <= 1:
-                return self._chance_confirmed(a, best)
+            enough = len(a) >= p.chance_min_points
+            # two evaluations at 1/K name K for a loss that sits in ln K's band itself
+            if len(a) >= 2 and 0 < median(a) <= 1:
+                found = self._chance_confirmed(a, best)
+                if found is not None and (end <= found[1] * (1 + p.chance_band)
+                                          or (enough and not falling)):
+                    return found
+                if enough:
+                    return None
+        if falling:  # without an accuracy at 1/K, a falling loss is learning
+            return None
         # The bands of neighbouring K overlap (ln 9 * 1.05 > ln 10): name the nearest K.
         fits = [k for k in range(2, p.chance_max_classes + 1)
                 if best >= math.log(k) * (1 - p.chance_tolerance)
