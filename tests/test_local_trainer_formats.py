@@ -235,6 +235,10 @@ def test_a_csv_with_comment_lines_names_the_files_own_line(tmp_path: Path) -> No
     with pytest.raises(FormatError) as err:
         load_run(path)
     assert f"{path}:5" in str(err.value) and "'x'" in str(err.value)
+    path.write_text("# exported by a notebook\n# seed 3\nepoch,loss,loss\n0,1.5,1.5\n")
+    with pytest.raises(FormatError) as err:
+        load_run(path)
+    assert f"{path}:3" in str(err.value) and "appears twice" in str(err.value)
 
 
 def test_stable_baselines3_progress_csv(tmp_path: Path) -> None:

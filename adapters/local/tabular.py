@@ -75,14 +75,15 @@ class CsvReader(Reader):
         if header is None:
             return  # an empty file: a run that has just started
         header = [h.strip() for h in header]
+        at = len(comments) + 1  # the header's line
         if len(header) == 1 and (other := _other_separator(header[0], delimiter)):
             raise FormatError(path, f"the header {header[0]!r} reads as one column: are its "
                               f"cells separated by {other}? write them with "
                               f"{delimiter!r} between them"
-                              + (", or name the file .tsv" if other == "a tab" else ""), 1)
+                              + (", or name the file .tsv" if other == "a tab" else ""), at)
         if len(set(header)) != len(header):
             dup = next(h for h in header if header.count(h) > 1)
-            raise FormatError(path, f"column {dup!r} appears twice in the header", 1)
+            raise FormatError(path, f"column {dup!r} appears twice in the header", at)
         t_start = _monitor_start(comments, header)
         if t_start is not None:
             header = [*_MONITOR_NAMES, *header[3:]]
@@ -118,21 +119,19 @@ _MONITOR_NAMES = ("episode_reward", "episode_length", "episode_time")
 
 def _uncommented(text: str) -> Iterator[str]:
     """The lines of ``text`` after the ``#`` lines at its top."""
-    lines = iter(text.split("\n"))
-    for line in lines:
-        if not line.startswith("#"):
-            yield line
-            break
-    yield from lines
+    yield from text.split("\n", len(_comments(text)))[-1].split("\n")
 
 
 def _comments(text: str) -> list[str]:
-    """The ``#`` lines at the top of ``text``."""
-    out = []
-    for line in text.split("\n"):
-        if not line.startswith("#"):
+    """The ``#`` lines at the top of ``text`` (read up to the first other line only)."""
+    out: list[str] = []
+    at = 0
+    while text.startswith("#", at):
+        end = text.find("\n", at)
+        out.append(text[at:] if end < 0 else text[at:end])
+        if end < 0:
             break
-        out.append(line)
+        at = end + 1
     return out
 
 
