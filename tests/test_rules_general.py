@@ -188,6 +188,34 @@ def test_a_three_epoch_run_is_judged_on_its_points_not_three_medians() -> None:
     assert f.evidence["kind"] == "flat" and "per-epoch" not in f.evidence["metric"]
 
 
+def test_a_held_out_loss_too_noisy_to_tell_leaves_the_verdict_to_the_training_loss() -> None:
+    """A blind held-out TensorBoard run: the training loss at 6.07-6.14 for 100 epochs,
+    the validation loss jumping between 5.8 and 9 with no trend. The validation loss is
+    neither confidently flat nor confidently improving; the training loss says the model
+    learns nothing. Where the training loss learns, or the held-out loss improves, the
+    noise says nothing."""
+    rng = np.random.default_rng(8)
+    epochs = np.arange(1.0, 101.0)
+    noisy_val = 6.2 + np.abs(rng.standard_cauchy(100)) * 0.3
+    flat_train = 6.1 + rng.normal(0, 0.01, 100)
+    flat_train[0] = 6.074  # and never better than its first value, as the real run's
+    (f,) = judged(job_of({"val_loss": (epochs, noisy_val), "loss": (epochs, flat_train)}),
+                  "plateau")
+    assert f.severity is Severity.WARNING and f.evidence["held_out"] == "val_loss"
+    assert f.message.startswith("val_loss too noisy to tell; loss never improved on its "
+                                "first value 6.074")
+    # a training loss that learnt 57-fold in its first epochs and then sat still (a
+    # healthy weather model's) says nothing here, nor one that learns throughout
+    for train in (np.r_[0.1986, 0.0092, np.full(98, 0.0036) + rng.normal(0, 1e-4, 98)],
+                  2 + 4 * np.exp(-epochs / 30) + rng.normal(0, 0.02, 100)):
+        assert [g.evidence["kind"] for g in judged(job_of(
+            {"val_loss": (epochs, noisy_val), "loss": (epochs, train)}), "plateau")] \
+            in ([], ["converged"])
+    improving_val = np.linspace(9, 4, 100) + rng.normal(0, 0.5, 100)
+    assert judged(job_of({"val_loss": (epochs, improving_val), "loss": (epochs, flat_train)}),
+                  "plateau") == []
+
+
 def test_a_held_out_loss_of_few_points_leaves_the_verdict_to_the_training_loss() -> None:
     """Three validation epochs say nothing (5 points are needed); the 30 training losses
     logged meanwhile do. Flat at 1.32 to four digits, the run is not learning, and the

@@ -264,7 +264,10 @@ class Plateau(Rule):
         win = self._flat(x[lo:], v[lo:], sign, quantum=quantum)
         late = on_steps and self._begins_late(x)
         if win is None or not win[0]:
-            return [] if late else self._never(job, ctx, s, v, idx, sign)
+            if late:
+                return []
+            return (self._never(job, ctx, s, v, idx, sign)
+                    or self._training_says(job, ctx, s, x, v, sign))
         _, improvement, se, level = win
         if late:
             return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level,
@@ -376,6 +379,37 @@ class Plateau(Rule):
             f"(best since {best:.4g}, {improvement / level:+.2%}): not learning",
             {"points": len(v), "rel_improvement": improvement / level, "first": float(v[0]),
              "best_since": best, "level": level, "never_improved": True})]
+
+    def _training_says(self, job: Job, ctx: Context, s: Series, x: FloatArray, v: FloatArray,
+                       sign: float) -> list[Finding]:
+        """*Not learning* from the training loss, for a held-out objective too noisy to
+        say either way (neither confidently flat nor confidently improving): the loss the
+        model is fit on never improved on its first value (a network whose training loss
+        sat at 6.07-6.14 for 100 epochs while its validation loss jumped between 5.8 and
+        9). A training loss that learnt and then sat still says nothing here: the window
+        tests judge that on the held-out loss."""
+        whole = self._flat(x, v, sign, learnt=True)
+        if whole is None or whole[1] - self.params.z * whole[2] \
+                > self.params.min_rel_improvement * whole[3]:
+            return []  # the held-out objective improves, or is too short to tell
+        if (points := self._training_points(job, ctx, s)) is None:
+            return []
+        _, tv = points
+        train = training_objective(job, ctx.policy, ctx.state)
+        if train is None or len(tv) < self.params.min_points or np.min(tv) < 0:
+            return []
+        never = self._never_improved(tv, 1.0)
+        if never is None:
+            return []
+        improvement, best, level = never
+        return [self._finding(
+            job, s, int(np.flatnonzero(np.isfinite(s.value))[0]), Severity.WARNING, "flat",
+            f"{s.name} too noisy to tell; {train.name} never improved on its first value "
+            f"{tv[0]:.4g} in {len(tv)} points (best since {best:.4g}, "
+            f"{improvement / level:+.2%}): not learning",
+            {"points": len(tv), "rel_improvement": improvement / level, "first": float(tv[0]),
+             "best_since": best, "level": level, "never_improved": True,
+             "held_out": s.name, "metric_judged": train.name})]
 
     def _never_improved(self, v: FloatArray, sign: float
                         ) -> tuple[float, float, float] | None:
