@@ -211,6 +211,12 @@ def test_a_held_out_loss_too_noisy_to_tell_leaves_the_verdict_to_the_training_lo
         assert [g.evidence["kind"] for g in judged(job_of(
             {"val_loss": (epochs, noisy_val), "loss": (epochs, train)}), "plateau")] \
             in ([], ["converged"])
+    # an RL run's evaluation reward, noisy, beside a loss that follows moving targets:
+    # the reward is judged by itself
+    noisy_reward = -150 + 40 * rng.standard_normal(100)
+    assert [g.evidence.get("held_out") for g in judged(job_of(
+        {"eval/mean_reward": (epochs, noisy_reward), "train/loss": (epochs, flat_train)}),
+        "plateau")] in ([], [None])
     improving_val = np.linspace(9, 4, 100) + rng.normal(0, 0.5, 100)
     assert judged(job_of({"val_loss": (epochs, improving_val), "loss": (epochs, flat_train)}),
                   "plateau") == []

@@ -387,7 +387,10 @@ class Plateau(Rule):
         model is fit on never improved on its first value (a network whose training loss
         sat at 6.07-6.14 for 100 epochs while its validation loss jumped between 5.8 and
         9). A training loss that learnt and then sat still says nothing here: the window
-        tests judge that on the held-out loss."""
+        tests judge that on the held-out loss. A reward (maximised) is judged by itself:
+        an RL run's losses follow moving targets."""
+        if sign < 0:
+            return []
         whole = self._flat(x, v, sign, learnt=True)
         if whole is None or whole[1] - self.params.z * whole[2] \
                 > self.params.min_rel_improvement * whole[3]:
