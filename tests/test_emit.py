@@ -82,9 +82,15 @@ def test_a_launcher_prefix_keeps_the_clock_from_t(tmp_path: Path) -> None:
         clock.t += 5.0
         e.emit(step=step, loss=1.0)
     log = tmp_path / "prefixed.log"
-    log.write_text("".join(f"[rank0]: {line}\n" for line in buf.getvalue().splitlines()))
+    # a prefix that hides the ISO stamp (not blanks and bracketed tags): the clock is t=
+    log.write_text("".join(f"worker-0 | {line}\n" for line in buf.getvalue().splitlines()))
     job = load_run(log)
     assert job.clock == "elapsed"
+    assert list(job.series["step"].time) == pytest.approx([clock.t - 10, clock.t - 5, clock.t])
+    # torchrun's "[rank0]: " leaves the stamp readable: the same times on the wall clock
+    log.write_text("".join(f"[rank0]: {line}\n" for line in buf.getvalue().splitlines()))
+    job = load_run(log)
+    assert job.clock == "wall"
     assert list(job.series["step"].time) == pytest.approx([clock.t - 10, clock.t - 5, clock.t])
 
 
