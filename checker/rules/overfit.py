@@ -188,11 +188,13 @@ class Overfit(Rule):
         # The training loss lower now than where validation was best, or than where it
         # began to climb: a step that set both back (validation 11 x, training 2.4 x) and
         # after which training falls again while validation climbs on is overfitting too.
-        fell = None
-        for at in (best_at, _next_finite(val, best_at)):
-            if at is not None and fell is None:
-                fell = _train_fell(train, float(val.step[at]), float(val.time[at]),
-                                   finite.nonfinite == 0)
+        def fell_since(at: int) -> tuple[float, float] | None:
+            return _train_fell(train, float(val.step[at]), float(val.time[at]),
+                               finite.nonfinite == 0)
+
+        fell = fell_since(best_at)
+        if fell is None and (after := _next_finite(val, best_at)) is not None:
+            fell = fell_since(after)
         if fell is None:
             return []
         then, now = fell

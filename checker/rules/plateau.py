@@ -391,15 +391,12 @@ class Plateau(Rule):
         an RL run's losses follow moving targets."""
         if sign < 0:
             return []
-        whole = self._flat(x, v, sign, learnt=True)
-        if whole is None or whole[1] - self.params.z * whole[2] \
-                > self.params.min_rel_improvement * whole[3]:
+        if self._improving(x, v, sign) is not False:
             return []  # the held-out objective improves, or is too short to tell
         if (points := self._training_points(job, ctx, s)) is None:
             return []
-        _, tv = points
-        train = training_objective(job, ctx.policy, ctx.state)
-        if train is None or len(tv) < self.params.min_points or np.min(tv) < 0:
+        train, _, tv = points
+        if len(tv) < self.params.min_points or np.min(tv) < 0:
             return []
         never = self._never_improved(tv, 1.0)
         if never is None:
@@ -437,9 +434,10 @@ class Plateau(Rule):
         return None
 
     def _training_points(self, job: Job, ctx: Context, s: Series
-                         ) -> tuple[FloatArray, FloatArray] | None:
-        """(axis, value) of the finite training-objective points, judged as the objective
-        is, when ``s`` is a held-out metric and the job logs a training objective."""
+                         ) -> tuple[Series, FloatArray, FloatArray] | None:
+        """(series, axis, value) of the training objective's finite points, judged as the
+        objective is, when ``s`` is a held-out metric and the job logs a training
+        objective."""
         if not is_eval(s.name):
             return None
         train = training_objective(job, ctx.policy, ctx.state)
@@ -448,7 +446,7 @@ class Plateau(Rule):
         t = _reduce(per_epoch(job, train, self.params.epoch_points, self.params.min_points),
                     self.params.max_points)
         ok = np.isfinite(t.value)
-        return _axis(job, t)[ok], t.value[ok]
+        return train, _axis(job, t)[ok], t.value[ok]
 
     def _training_fell(self, job: Job, ctx: Context, s: Series) -> bool:
         """A training loss that fell at all (its last third below its first), for a
@@ -457,7 +455,7 @@ class Plateau(Rule):
         nothing. Few points are enough here: it only holds a warning back."""
         if (points := self._training_points(job, ctx, s)) is None:
             return False
-        x, v = points
+        _, x, v = points
         if len(v) < 2:
             return False
         head, tail = span_thirds(x)
@@ -472,12 +470,18 @@ class Plateau(Rule):
         many-fold), not a model that learns nothing."""
         if (points := self._training_points(job, ctx, s)) is None:
             return False
-        x, v = points
+        _, x, v = points
         if len(v) < self.params.min_points or np.min(v) < 0:
             return False
-        res = self._flat(x, v, 1.0, learnt=True)
+        return self._improving(x, v, 1.0) is True
+
+    def _improving(self, x: FloatArray, v: FloatArray, sign: float) -> bool | None:
+        """Whether ``v`` confidently improved by ``min_rel_improvement`` of its level, its
+        better later third against its first (``_flat`` with ``learnt``); None when it is
+        too short to tell."""
+        res = self._flat(x, v, sign, learnt=True)
         if res is None:
-            return False
+            return None
         _, improvement, se, level = res
         return bool(improvement - self.params.z * se > self.params.min_rel_improvement * level)
 
