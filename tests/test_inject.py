@@ -117,6 +117,23 @@ def test_pause_gap_is_at_least_120_s_on_fast_logs() -> None:
     assert out.extra["gap_s"] == 120.0
 
 
+def test_no_pause_is_injected_between_whole_epochs() -> None:
+    """A Keras console log's records are whole epochs (step = epoch, one loss each), its
+    evaluation inside each: 5-10 epochs of silence is no evaluation or checkpoint pause,
+    and is not offered as one that must not fire."""
+    epochs = np.arange(1.0, 21.0)
+    times = 224.0 * epochs
+    job = Job(id="run", clock="elapsed", state=JobState.SUCCEEDED, start_time=0.0,
+              end_time=float(times[-1]), series={
+                  "loss": Series("loss", times, epochs, 1.0 / epochs),
+                  "epoch": Series("epoch", times - 224.0, epochs, epochs)})
+    with pytest.raises(ValueError, match=r"cannot inject pause: its records are whole epochs"):
+        pause(job, np.random.default_rng(0))
+    # the same records with steps of their own are paused as before
+    job.series["loss"] = Series("loss", times, 100 * epochs, 1.0 / epochs)
+    assert pause(job, np.random.default_rng(0)).extra["gap_s"] >= 5 * 224.0
+
+
 def test_pause_needs_a_time_axis() -> None:
     with pytest.raises(ValueError, match=r"job 'run': cannot inject pause.*step clock"):
         pause(healthy(clock="step"), np.random.default_rng(0))

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from trainguard.adapters.local import load_run
+from trainguard.checker import Policy, evaluate
 from trainguard.checker.model import Job
 
 
@@ -225,3 +226,105 @@ def test_megatrons_learning_rate_is_the_lr(tmp_path: Path) -> None:
                                   for s in range(1, 6)))
     assert _series(job, "lr")[1] == pytest.approx([2e-7 * s for s in range(1, 6)])
     assert job.planned_steps == 15535
+
+
+_KERAS_EPOCH = ("{n}/{n} [==============================] - {s}s 11ms/step - loss: {loss} - "
+                "accuracy: {acc} - val_loss: {vloss} - val_accuracy: {vacc}")
+
+
+def _keras_log(losses: list[float], accuracy: float, seconds: int = 21,
+               running: bool = False, backspaces: bool = False) -> str:
+    """Keras's console output (``model.fit(verbose=1)``) as a file receives it: "Epoch
+    N/M", then, with ``running``, the progress bar's updates (running means over the
+    epoch so far) a line each, or written over with backspaces and a carriage return."""
+    out = []
+    for e, loss in enumerate(losses, 1):
+        parts = []
+        if running:
+            parts += [f"  {b}/1875 [=====>........................] - ETA: 1:0{b % 10} - "
+                      f"loss: {loss * 3:.4f} - accuracy: 0.5000" for b in (1, 32, 900)]
+        parts.append(_KERAS_EPOCH.format(n=1875, s=seconds, loss=f"{loss:.4f}",
+                                         acc=f"{accuracy:.4f}", vloss=f"{loss:.4f}",
+                                         vacc=f"{accuracy:.4f}"))
+        sep = "\b" * 60 + "\r" if backspaces else "\n"
+        out.append(f"Epoch {e}/{len(losses)}\n" + sep.join(parts) + "\n")
+    return "".join(out)
+
+
+@pytest.mark.parametrize("shape", ["epoch lines", "running means", "backspaces"])
+def test_keras_console_output_is_one_record_per_epoch(tmp_path: Path, shape: str) -> None:
+    """The records of a Keras console log are the epochs' own lines, at the epoch
+    they follow, with the accuracy; its time axis is the sum of the epochs' durations, and
+    it planned the epochs "Epoch N/M" names. The progress bar's running means (about the
+    first batches, three times the epoch's loss here) are no records: read as records
+    they would look like a loss that jumps back up at each epoch's start."""
+    text = _keras_log([0.9, 0.5, 0.3], 0.8, running=shape != "epoch lines",
+                      backspaces=shape == "backspaces")
+    path = tmp_path / "fit.log"
+    path.write_bytes(text.encode())
+    job = load_run(path)
+    assert isinstance(job, Job)
+    assert _series(job, "loss") == ([1, 2, 3], [0.9, 0.5, 0.3])
+    assert _series(job, "val_accuracy") == ([1, 2, 3], [0.8, 0.8, 0.8])
+    assert _series(job, "accuracy")[1] == [0.8, 0.8, 0.8]
+    assert job.clock == "elapsed"
+    assert job.series["loss"].time.tolist() == [21, 42, 63]
+    assert job.planned_steps == 3
+
+
+@pytest.mark.parametrize("line", [
+    "1875/1875 - 21s - loss: 0.9000 - val_loss: 0.9000",  # verbose=2
+    "60000/60000 [==============================] - 21s - loss: 0.9000 - val_loss: 0.9000",
+    "1875/1875 ━━━━━━━━━━━━━━━━━━━━ 21s 3ms/step - loss: 0.9000 - val_loss: 0.9000",  # Keras 3
+])
+def test_keras_epoch_lines_of_each_version_carry_the_epochs_duration(
+        tmp_path: Path, line: str) -> None:
+    job = _read(tmp_path, f"Epoch 1/2\n{line}\nEpoch 2/2\n{line}\n")
+    assert _series(job, "loss") == ([1, 2], [0.9, 0.9])
+    assert job.series["val_loss"].time.tolist() == [21, 42]
+
+
+def test_keras_console_log_at_chance_is_not_learning(tmp_path: Path) -> None:
+    """Five epochs at ln 10 with accuracy 0.1, as a ten-class model that learns nothing
+    prints them: the plateau rule names the chance level, with the accuracy it read."""
+    job = _read(tmp_path, _keras_log([2.3027, 2.3025, 2.3026, 2.3026, 2.3024], 0.1,
+                                      running=True))
+    now = float(job.series["loss"].time[-1])
+    found = [f for f in evaluate([job], Policy(), now) if f.rule == "plateau"]
+    assert found and "chance level ln 10" in found[0].message
+    assert "accuracy 0.1" in found[0].message
+
+
+def test_an_epoch_line_does_not_replace_the_steps_a_log_counts(tmp_path: Path) -> None:
+    """A log that prints "Epoch 2/20" and counts its own steps keeps them: the epoch
+    number is no step there (it would send the step back at each epoch)."""
+    job = _read(tmp_path, "Epoch 1/2\nstep 100 loss 2.0\nstep 200 loss 1.5\n"
+                          "Epoch 2/2\nstep 300 loss 1.2\n")
+    assert _series(job, "loss") == ([100, 200, 300], [2.0, 1.5, 1.2])
+    assert job.planned_steps is None or job.planned_steps != 2
+
+
+def test_a_loop_that_counts_epochs_and_batches_is_judged_by_epoch(tmp_path: Path) -> None:
+    """``Epoch: 3, Batch: 10, Loss: 0.5`` with no step: each record's step is its epoch,
+    as a CSV log with an epoch column and no step."""
+    job = _read(tmp_path, "".join(f"Epoch: {e}, Batch: {b}, Loss: {1 / (e + b + 1):.4f}\n"
+                                  for e in (1, 2) for b in (0, 10)))
+    assert job.series["loss"].step.tolist() == [1, 1, 2, 2]
+
+
+def test_a_loss_whose_side_a_word_names_is_that_sides(tmp_path: Path) -> None:
+    """A hand-written loop's "Validation Loss: 0.0073" on a line of its own is the
+    held-out loss; read as "loss" it sat among the batches' losses, a tenth of them, and
+    made the training loss look as if it jumped down and back at each epoch."""
+    job = _read(tmp_path, (
+        "Epoch: 1, Batch: 0, Loss: 0.3615\n"
+        "Epoch: 1, Batch: 10, Loss: 0.0322\n"
+        "Epoch 1 - Average Training Loss: 0.0239\n"
+        "Validation Loss: 0.0073\n"
+        "Test Loss: 0.0081\n"
+        "Epoch: 2, Batch: 0, Loss: 0.0158\n"))
+    assert job.series["loss"].value.tolist() == [0.3615, 0.0322, 0.0158]
+    assert job.series["val_loss"].value.tolist() == [0.0073]
+    assert job.series["test_loss"].value.tolist() == [0.0081]
+    assert job.series["train_loss"].value.tolist() == [0.0239]
+    assert job.series["loss"].step.tolist() == [1, 1, 2]

@@ -64,6 +64,21 @@ def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
                              + r")\s+" + NUM),)
 
 
+# the words before "loss" that say whose it is ("Val Loss", "validation loss")
+_HELD_OUT = ("val", "Val", "validation", "Validation", "valid", "Valid")
+_QUALIFIERS = (*_HELD_OUT, "test", "Test", "train", "Train", "training", "Training", "eval",
+               "Eval")
+
+
+def _qualified(words: tuple[str, ...]) -> tuple[str, ...]:
+    """"Val Loss", "val loss", "Val loss" for each of ``words``."""
+    return tuple(f"{w} {k}" for w in words for k in ("Loss", "loss"))
+
+
+# after a key "loss" or "Loss": no qualifier word and a blank before it (a lookbehind of
+# each width; the key's own lookbehind keeps "val_loss" out)
+_NOT_QUALIFIED = "".join(f"(?<!{w} loss)(?<!{w} Loss)" for w in _QUALIFIERS)
+
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
 _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
 
@@ -101,14 +116,25 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",
                      time=True),
     # the CamelCase and spaced spellings scripts print ("TrainLoss=1.87 | ValLoss=1.30")
-    *_kv("val_loss", "val_loss", "eval_loss", "ValLoss", "valLoss", "Val Loss", "val loss"),
+    *_kv("val_loss", "val_loss", "eval_loss", "ValLoss", "valLoss", *_qualified(_HELD_OUT)),
     *_spaced("val_loss", "val_loss", "val loss", "Val Loss"),
-    *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss", "Train Loss", "train loss"),
+    *_kv("test_loss", "test_loss", *_qualified(("test", "Test"))),
+    *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss",
+         *_qualified(("train", "Train", "training", "Training"))),
     *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
-    *_kv("loss", "loss", "Loss"),
+    # "loss", not where a word names whose it is: "Validation Loss: 0.41" on a line of
+    # its own is the held-out loss, and read as the loss it would sit among the batches'
+    MetricDefinition("loss", at_word_start("loss") + _NOT_QUALIFIED
+                     + r"['\"]?\s*[:=]\s*" + NUM),
+    MetricDefinition("loss", at_word_start("Loss") + _NOT_QUALIFIED
+                     + r"['\"]?\s*[:=]\s*" + NUM),
     # OLMo's trainer: "[step=1/15000,epoch=0]", then a line per metric
     *_kv("loss", "train/CrossEntropyLoss"),
     *_spaced("loss", "loss", "Loss"),
+    # an accuracy near 1/K beside a loss at ln K: a K-class task at chance (Keras prints
+    # "accuracy: 0.1003 - val_accuracy: 0.1000", older Keras "acc:")
+    *_kv("val_accuracy", "val_accuracy", "val_acc", "eval_accuracy"),
+    *_kv("accuracy", "accuracy", "acc"),
     *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
     # the gradient's norm (a dead gradient is exactly 0): the Trainer's dict, and

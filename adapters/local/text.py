@@ -47,6 +47,19 @@ _INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?
 # Terminal colours a logger writes into a file through ``tee`` (torchtitan's
 # "\x1b[32mloss: 9.8"): the key would run on from the escape's letter.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Keras's console progress bar. Written to a file, each update is a line of its own (or
+# overwritten with backspaces and a carriage return): "  32/1875 [>....] - ETA: 5:00 -
+# loss: 2.3012" is a running mean over the epoch so far, no record; the epoch's own record
+# is the line whose count reached its total, "1875/1875 [=====] - 21s 11ms/step - loss:
+# 0.29 - val_loss: 0.31", with the epoch's duration. Keras 3 draws its bar with "━";
+# ``verbose=2`` writes only the epoch's line, "1875/1875 - 21s - loss: 0.29 - 21s/epoch",
+# and Keras 1 "224s - loss: 3.55 - acc: 0.29".
+_KERAS_BAR = re.compile(r"[ \t]*(\d+)/(\d+|Unknown)[ \t]+(?:\[[=>.]*\]|━+|(?=-[ \t]+(?:ETA|\d+s)))"
+                        r"(?:[ \t]*(?:-[ \t]*)?(\d+)s\b)?")
+_KERAS1_EPOCH = re.compile(r"[ \t]*(\d+)s - [a-z]")
+_PER_EPOCH = re.compile(r" - (\d+(?:\.\d*)?)(m?s)/epoch\b")  # TF's precise duration
+# The line Keras writes before each epoch: "Epoch 3/15".
+_EPOCH_LINE = re.compile(r"[ \t]*Epoch[ \t]+(\d+)[ \t]*/[ \t]*(\d+)[ \t]*$")
 _CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
                      r"|^\s*\w+=[^=,]*,\s*$")
 
@@ -110,11 +123,36 @@ class TextReader(Reader):
         clock = CumulativeTime()
         elapsed = step = math.nan
         source = False  # a line of Python source has been read
+        timed = stepped = False  # a time field, a step has been read
+        epoch_series, epochs = run.index("epoch"), 0
+        durations: list[float] = []  # of the Keras epochs read
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 if "\x1b" in line:
                     line = _ANSI.sub("", line)
+                if "\x08" in line:  # a line written over with backspaces: what is left
+                    line = line[line.rfind("\x08") + 1:]
                 matched = False
+                head = line.lstrip(" \t")[:1]
+                if head.isdigit() and (keras := _keras_epoch(line)) is not None:
+                    if keras < 0:
+                        continue  # a running mean part-way through the epoch
+                    if not timed:
+                        # the epoch's duration: the time axis is their sum, unless an
+                        # epoch took "0s" or printed none (a clock that cannot order
+                        # its records)
+                        durations.append(keras if keras > 0 else 0.0)
+                        if keras > 0:
+                            elapsed = (0.0 if math.isnan(elapsed) else elapsed) + keras
+                elif head == "E" and (ep := _EPOCH_LINE.match(line)) is not None:
+                    epochs = int(ep.group(2))
+                    kind(epoch_series)
+                    values(float(ep.group(1)))
+                    steps(step)
+                    walls(math.nan)
+                    elapses(elapsed)
+                    rows(lineno)
+                    matched = True
                 # a line's own time: the builder carries it to the lines after it, and
                 # tells a log whose progress lines are stamped from one whose are not
                 wall = math.nan
@@ -152,6 +190,7 @@ class TextReader(Reader):
                     matched = True
                     if role == TIME:
                         elapsed = clock(value)
+                        timed = True
                         continue
                     if role == PLANNED_ROLE:
                         if math.isfinite(value) and value > 0:
@@ -159,6 +198,7 @@ class TextReader(Reader):
                         continue
                     if role == STEP_ROLE:
                         step = value
+                        stepped = True
                     # a record: the metric, or the step (progress) with the line's times
                     kind(series)
                     values(value)
@@ -170,3 +210,47 @@ class TextReader(Reader):
                     text = line.rstrip("\r\n")
                     if text.strip():
                         log(text, step, wall, elapsed, lineno)
+        if not stepped:
+            _epochs_as_steps(run, epoch_series, epochs)
+        if durations and not timed:
+            if min(durations) <= 0:
+                run.elapsed[:] = [math.nan] * len(run.elapsed)
+            elif run.start_time is None:
+                # the sum counts from the start of the first epoch read: the job was
+                # running then (its first record came an epoch later)
+                run.start_time = 0.0
+
+
+def _keras_epoch(line: str) -> float | None:
+    """For a line of Keras's progress bar: -1 part-way through an epoch, else the epoch's
+    duration in seconds (NaN where it prints none); None for any other line."""
+    bar = _KERAS_BAR.match(line)
+    if bar is not None:
+        if bar.group(2) == "Unknown" or int(bar.group(1)) < int(bar.group(2)):
+            return -1.0
+        seconds = bar.group(3)
+    elif (old := _KERAS1_EPOCH.match(line)) is not None:
+        seconds = old.group(1)
+    else:
+        return None
+    if (precise := _PER_EPOCH.search(line)) is not None:
+        return float(precise.group(1)) * (0.001 if precise.group(2) == "ms" else 1.0)
+    return float(seconds) if seconds is not None else math.nan
+
+
+def _epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
+    """A log that counts no steps but epochs ("Epoch 3/15" before Keras's record of the
+    epoch, "Epoch: 3, Batch: 10, Loss: ..."): each record's step is the epoch it is in,
+    as a CSV log with an epoch column and no step, and the planned steps are the epochs
+    Keras was asked for. Records before the first epoch are in the one before it (a log
+    whose first line is cut: its first record is the end of epoch 1, then "Epoch 2/10"),
+    if it is counted from 1."""
+    kinds, values, steps = run.kind, run.value, run.step
+    first = next((values[i] for i, k in enumerate(kinds) if k == epoch_series), math.nan)
+    at = first - 1 if first > 1 else math.nan
+    for i, k in enumerate(kinds):
+        if k == epoch_series:
+            at = values[i]
+        steps[i] = at
+    if planned > 0 and math.isfinite(at):
+        run.planned_steps = planned

@@ -7,7 +7,8 @@ a new Job (the input is never changed) with what a detector should say about it:
   Must fire (label ``stalled``); ``onset_time`` is the last record's time.
 * ``pause``: a long evaluation or checkpoint gap (5-10x the median update
   interval, at least 120 s) shifts every later record forward. Must not fire
-  (``healthy``); ``extra["gap_s"]`` is the gap.
+  (``healthy``); ``extra["gap_s"]`` is the gap. Not injected where each record is a
+  whole epoch's (a Keras console log): the evaluation is inside the record.
 * ``divergence``: from step k (40-80 % of the run) the losses grow by a factor of
   1.5-3 per logged point, then turn NaN for good after 3-8 points. Must fire
   (``diverged``); ``extra["first_nan_step"]`` is where NaN starts.
@@ -142,9 +143,26 @@ def _pause_at(times: FloatArray, rng: np.random.Generator) -> float:
                                        side="right") - 1])
 
 
+def _records_are_epochs(job: Job) -> bool:
+    """Whether each record is a whole epoch's (a Keras console log: its step is the epoch,
+    one loss record each): its evaluation is inside the record, and a silence 5-10 records
+    long is 5-10 epochs of nothing, no evaluation or checkpoint."""
+    ep = job.series.get("epoch")
+    if ep is None or not len(ep) or not np.array_equal(ep.step, ep.value, equal_nan=True):
+        return False
+    ref = _reference(job, "pause")
+    steps = ref.step[np.isfinite(ref.step)]
+    # every record at an epoch's step (but a first one before the log's first "Epoch")
+    return len(np.unique(steps)) == len(steps) \
+        and int(np.isin(steps, ep.value).sum()) >= len(steps) - 1
+
+
 def pause(job: Job, rng: np.random.Generator) -> Injected:
     """A legitimate long gap (eval, checkpoint): later records shift forward; values unchanged."""
     times = _checked_times(job, "pause")
+    if _records_are_epochs(job):
+        raise ValueError(f"job {job.id!r}: cannot inject pause: its records are whole "
+                         "epochs, each with its evaluation: 5-10 of them is no pause")
     median = float(np.median(np.diff(times)))
     gap = max(float(rng.uniform(5.0, 10.0)) * median, 120.0)
     at = _pause_at(times, rng)
