@@ -225,6 +225,11 @@ def test_stable_baselines3_monitor_csv(tmp_path: Path) -> None:
     assert job.clock == "wall" and reward.time[0] == pytest.approx(t0 + 0.5)
     assert job.series["episode_length"].value[-1] == 107
     assert job.series["is_success"].value.tolist() == [0, 1] * 4
+    # as the Monitor writes a flag: True and False (a blind held-out run's ``success``
+    # column refused the whole file: "cannot read 'False' as a number")
+    path.write_text(f"#{meta}\nr,l,t,is_success\n"
+                    + "".join(f"{r:.6f},{n},{t:.6f},{bool(s)}\n" for r, n, t, s in rows))
+    assert _load(path).series["is_success"].value.tolist() == [0, 1] * 4
 
 
 def test_a_csv_with_comment_lines_names_the_files_own_line(tmp_path: Path) -> None:

@@ -77,6 +77,11 @@ class KeyedRecords:
         except ValueError:
             if role(key) == "elapsed" and (seconds := duration(cell)) is not None:
                 return seconds
+            # a flag logged per record (stable-baselines3's monitor with
+            # ``info_keywords=("is_success",)`` writes True/False): a rate, as JSON's own
+            # true and false are read
+            if (flag := cell.strip().lower()) in ("true", "false"):
+                return 1.0 if flag == "true" else 0.0
             raise FormatError(self.path, f"{self.field} {key!r}: cannot read {cell!r} as a "
                               "number", line) from None
 
