@@ -328,3 +328,10 @@ def test_a_loss_whose_side_a_word_names_is_that_sides(tmp_path: Path) -> None:
     assert job.series["test_loss"].value.tolist() == [0.0081]
     assert job.series["train_loss"].value.tolist() == [0.0239]
     assert job.series["loss"].step.tolist() == [1, 1, 2]
+
+
+def test_a_loops_own_n_of_m_line_is_its_record(tmp_path: Path) -> None:
+    """"3/10 - 12s - loss: 0.41" with no Keras "Epoch N/M" line before it is a loop's
+    record of its epoch 3, not a progress bar's running mean to skip."""
+    job = _read(tmp_path, "".join(f"{e}/3 - 12s - loss: {1 / e:.4f}\n" for e in (1, 2, 3)))
+    assert job.series["loss"].value.tolist() == [1.0, 0.5, 0.3333]

@@ -54,8 +54,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # 0.29 - val_loss: 0.31", with the epoch's duration. Keras 3 draws its bar with "━";
 # ``verbose=2`` writes only the epoch's line, "1875/1875 - 21s - loss: 0.29 - 21s/epoch",
 # and Keras 1 "224s - loss: 3.55 - acc: 0.29".
-_KERAS_BAR = re.compile(r"[ \t]*(\d+)/(\d+|Unknown)[ \t]+(?:\[[=>.]*\]|━+|(?=-[ \t]+(?:ETA|\d+s)))"
-                        r"(?:[ \t]*(?:-[ \t]*)?(\d+)s\b)?")
+_KERAS_BAR = re.compile(r"[ \t]*(?P<done>\d+)/(?P<total>\d+|Unknown)[ \t]+"
+                        r"(?:(?P<bar>\[[=>.]*\]|━+)|(?=-[ \t]+(?:ETA|\d+s)))"
+                        r"(?:[ \t]*(?:-[ \t]*)?(?P<seconds>\d+)s\b)?")
 _KERAS1_EPOCH = re.compile(r"[ \t]*(\d+)s - [a-z]")
 _PER_EPOCH = re.compile(r" - (\d+(?:\.\d*)?)(m?s)/epoch\b")  # TF's precise duration
 # The line Keras writes before each epoch: "Epoch 3/15".
@@ -134,7 +135,7 @@ class TextReader(Reader):
                     line = line[line.rfind("\x08") + 1:]
                 matched = False
                 head = line.lstrip(" \t")[:1]
-                if head.isdigit() and (keras := _keras_epoch(line)) is not None:
+                if head.isdigit() and (keras := _keras_epoch(line, epochs > 0)) is not None:
                     if keras < 0:
                         continue  # a running mean part-way through the epoch
                     if not timed:
@@ -221,15 +222,17 @@ class TextReader(Reader):
                 run.start_time = 0.0
 
 
-def _keras_epoch(line: str) -> float | None:
+def _keras_epoch(line: str, after_epoch_line: bool) -> float | None:
     """For a line of Keras's progress bar: -1 part-way through an epoch, else the epoch's
-    duration in seconds (NaN where it prints none); None for any other line."""
+    duration in seconds (NaN where it prints none); None for any other line. The forms
+    without a bar ("19/19 - 21s - loss: ...", "224s - loss: ...") are Keras's only after
+    its "Epoch N/M" line: a loop's own "3/10 - 12s - loss: 0.41" is its epoch 3's record."""
     bar = _KERAS_BAR.match(line)
-    if bar is not None:
-        if bar.group(2) == "Unknown" or int(bar.group(1)) < int(bar.group(2)):
+    if bar is not None and (after_epoch_line or bar["bar"] is not None):
+        if bar["total"] == "Unknown" or int(bar["done"]) < int(bar["total"]):
             return -1.0
-        seconds = bar.group(3)
-    elif (old := _KERAS1_EPOCH.match(line)) is not None:
+        seconds = bar["seconds"]
+    elif after_epoch_line and (old := _KERAS1_EPOCH.match(line)) is not None:
         seconds = old.group(1)
     else:
         return None
