@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from trainguard.adapters.local import load_run
+from trainguard.adapters.local.definitions import MetricDefinition
 from trainguard.checker import Policy, evaluate
 from trainguard.checker.model import Job
 
@@ -335,3 +336,34 @@ def test_a_loops_own_n_of_m_line_is_its_record(tmp_path: Path) -> None:
     record of its epoch 3, not a progress bar's running mean to skip."""
     job = _read(tmp_path, "".join(f"{e}/3 - 12s - loss: {1 / e:.4f}\n" for e in (1, 2, 3)))
     assert job.series["loss"].value.tolist() == [1.0, 0.5, 0.3333]
+
+
+def test_a_step_counter_that_starts_again_each_epoch_goes_on(tmp_path: Path) -> None:
+    """``Epoch 1 | Step 0/30 | Loss: ...`` after ``Epoch 0 | Step 20/30``: the step counts
+    the epoch's batches. Read as it is, epoch 1's points sorted among epoch 0's on the step
+    axis, and the later session seemed to rewrite the first: a healthy fine-tune was called
+    not learning. Its steps go on from the last of the epoch before, one logging interval
+    later; "/30" was the epoch's plan, not the run's."""
+    lines = "".join(f"INFO:__main__:Epoch {e} | Step {s:4d}/30 | Loss: "
+                    f"{2.0 / (1 + e * 3 + s / 10):.4f}\n" for e in (0, 1, 2) for s in (0, 10, 20))
+    job = _read(tmp_path, lines)
+    assert job.series["loss"].step.tolist() == [0, 10, 20, 30, 40, 50, 60, 70, 80]
+    assert job.superseded == 0 and job.planned_steps is None
+    # the same with a log's own definitions, which name no epoch
+    path = tmp_path / "own.log"
+    path.write_text(lines)
+    own = load_run(path, [MetricDefinition("step", r"Step\s+(\d+)/\d+ \|"),
+                          MetricDefinition("loss", r"\| Loss: (\S+)")])
+    assert isinstance(own, Job)
+    assert own.series["loss"].step.tolist() == [0, 10, 20, 30, 40, 50, 60, 70, 80]
+
+
+def test_a_run_resumed_from_its_checkpoint_keeps_its_steps(tmp_path: Path) -> None:
+    """A step that goes back with its epoch is a resume (the sessions' business), and a
+    global step that goes on across epochs is left as it is."""
+    resumed = _read(tmp_path, "Epoch 1 | step 100 | loss: 2.0\nEpoch 2 | step 200 | loss: 1.5\n"
+                              "Epoch 1 | step 100 | loss: 2.0\nEpoch 2 | step 200 | loss: 1.4\n")
+    assert sorted(resumed.series["loss"].step.tolist()) == [100, 200]
+    going_on = _read(tmp_path, "Epoch 1 | step 100 | loss: 2.0\nEpoch 1 | step 200 | loss: 1.5\n"
+                               "Epoch 2 | step 300 | loss: 1.2\n", name="on.log")
+    assert going_on.series["loss"].step.tolist() == [100, 200, 300]

@@ -137,6 +137,8 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_kv("accuracy", "accuracy", "acc"),
     *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
+    # a loop's "Epoch 3 | Step 120/6501 | Loss: 0.81": the epoch where a field begins
+    *_spaced("epoch", "epoch", "Epoch"),
     # the gradient's norm (a dead gradient is exactly 0): the Trainer's dict, and
     # build-nanogpt's / llm.c's "| norm: 0.2843 |" where a field begins
     *_kv("grad_norm", "grad_norm", "gradient_norm", "grad norm"),
@@ -210,6 +212,11 @@ def load_definitions(path: str | Path) -> list[MetricDefinition]:
         out.append(d)
     return out
 
+
+#: The epoch counters read whatever the definitions: a log's own definitions name the
+#: metrics to read, and the epoch says where each record lies (a step counter that starts
+#: again each epoch, a log that counts epochs and no steps).
+EPOCH_DEFINITIONS = tuple(d for d in DEFAULT_DEFINITIONS if d.name == "epoch")
 
 # The lines trainguard.emit writes (adapters/local/emit_format.py) are read by default too.
 DEFAULT_DEFINITIONS = (*DEFAULT_DEFINITIONS, *EMIT_DEFINITIONS)

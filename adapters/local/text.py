@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from trainguard.adapters.local.base import (
 )
 from trainguard.adapters.local.definitions import (
     DEFAULT_DEFINITIONS,
+    EPOCH_DEFINITIONS,
     PLANNED,
     STEP,
     MetricDefinition,
@@ -111,6 +113,8 @@ class TextReader(Reader):
     def collect(self, path: Path, run: RunBuilder, definitions: list[MetricDefinition] | None,
                 select: str | None) -> None:
         try:
+            if definitions and not any(d.name == "epoch" for d in definitions):
+                definitions = [*definitions, *EPOCH_DEFINITIONS]
             compiled = compile_definitions(definitions or DEFAULT_DEFINITIONS)
         except ValueError as e:
             raise FormatError(path, str(e)) from None
@@ -145,7 +149,8 @@ class TextReader(Reader):
                         durations.append(keras if keras > 0 else 0.0)
                         if keras > 0:
                             elapsed = (0.0 if math.isnan(elapsed) else elapsed) + keras
-                elif head == "E" and (ep := _EPOCH_LINE.match(line)) is not None:
+                ep = _EPOCH_LINE.match(line) if head == "E" else None
+                if ep is not None:
                     epochs = int(ep.group(2))
                     kind(epoch_series)
                     values(float(ep.group(1)))
@@ -169,7 +174,8 @@ class TextReader(Reader):
                                 ts.group(1).replace(",", ".").replace("/", "-"))
                 hit = -1
                 for rx, role, gid, name, scale, series in entries:
-                    if gid == hit:
+                    if gid == hit or (ep is not None and series == epoch_series
+                                      and role == METRIC):
                         continue  # an earlier definition of this name matched
                     m = rx.search(line)
                     if m is None:
@@ -213,6 +219,8 @@ class TextReader(Reader):
                         log(text, step, wall, elapsed, lineno)
         if not stepped:
             _epochs_as_steps(run, epoch_series, epochs)
+        else:
+            _steps_across_epochs(run, epoch_series)
         if durations and not timed:
             if min(durations) <= 0:
                 run.elapsed[:] = [math.nan] * len(run.elapsed)
@@ -220,6 +228,65 @@ class TextReader(Reader):
                 # the sum counts from the start of the first epoch read: the job was
                 # running then (its first record came an epoch later)
                 run.start_time = 0.0
+
+
+def _steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
+    """A step counter that starts again with each epoch ("Epoch 1 | Step 0/6501" after
+    "Epoch 0 | Step 6500/6501": the batch of the epoch) made one that goes on: each
+    epoch's steps follow the last one of the epoch before, one logging interval later, as
+    the run's optimiser steps do. Only where the step went back at every epoch that began,
+    and nowhere else: a run resumed from a checkpoint goes back in its epoch too, and is
+    left to the sessions (``adapters/local/sessions.py``). The planned steps a counter
+    printed ("/6501") were the epoch's, and are dropped."""
+    kinds, values, steps, rows = run.kind, run.value, run.step, run.row
+    # the epoch each record is in: its line's own, else the last one before it
+    on_line = {rows[i]: values[i] for i, k in enumerate(kinds)
+               if k == epoch_series and math.isfinite(values[i])}
+    if len(set(on_line.values())) < 2:
+        return
+    epoch_of: list[float] = []
+    epoch = math.nan
+    for i in range(len(kinds)):
+        epoch = on_line.get(rows[i], epoch)
+        epoch_of.append(epoch)
+    # where the step went back: only where an epoch began
+    top = last_top = -math.inf
+    epoch = math.nan
+    back = False
+    fresh = False  # the record is the first with a step in a new epoch
+    for i, k in enumerate(kinds):
+        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
+            if math.isfinite(epoch) and epoch_of[i] < epoch:
+                return  # the epoch went back: a resume
+            fresh = math.isfinite(epoch)  # not the first epoch
+            epoch, last_top, top = epoch_of[i], max(last_top, top), -math.inf
+        s = steps[i]
+        if k < 0 or k == epoch_series or not math.isfinite(s):
+            continue
+        if fresh:
+            fresh = False
+            if s >= last_top:
+                return  # this epoch's step went on: a global step
+            back = True
+        elif s < top:
+            return  # back within an epoch: not a counter of the epoch's batches
+        top = max(top, s)
+    if not back:
+        return
+    firsts = [steps[i] for i, k in enumerate(kinds)
+              if k >= 0 and k != epoch_series and math.isfinite(steps[i])]
+    gaps = sorted(b - a for a, b in itertools.pairwise(firsts) if b > a)
+    gap = gaps[len(gaps) // 2] if gaps else 1.0
+    offset, top, epoch = 0.0, -math.inf, math.nan
+    for i in range(len(kinds)):
+        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
+            if math.isfinite(epoch) and math.isfinite(top):
+                offset += top + gap
+            epoch, top = epoch_of[i], -math.inf
+        if math.isfinite(steps[i]):
+            top = max(top, steps[i])
+            steps[i] += offset
+    run.planned_steps = None
 
 
 def _keras_epoch(line: str, after_epoch_line: bool) -> float | None:
