@@ -367,3 +367,38 @@ def test_a_run_resumed_from_its_checkpoint_keeps_its_steps(tmp_path: Path) -> No
     going_on = _read(tmp_path, "Epoch 1 | step 100 | loss: 2.0\nEpoch 1 | step 200 | loss: 1.5\n"
                                "Epoch 2 | step 300 | loss: 1.2\n", name="on.log")
     assert going_on.series["loss"].step.tolist() == [100, 200, 300]
+
+
+def test_whose_loss_and_accuracy_a_word_names_across_a_word_between(tmp_path: Path) -> None:
+    """A loop's "Iter: 200, train loss: ..., val loss: ..." and, at each epoch's end,
+    "val epoch loss:0.34723": no "val epoch loss" among the training losses (read as the
+    loss, its 30 points stood for the training objective of a run with 540), and each
+    accuracy on its side."""
+    job = _read(tmp_path, (
+        "INFO - 2020/03/07 01:31 -- 0:00:20 - Iter: 200, train loss: 0.32974, train "
+        "accuracy: 0.92, val loss: 0.44704, val accuracy: 0.8636\n"
+        "INFO - 2020/03/07 01:34 -- 0:02:53 - 0th epoch finished, val epoch loss:0.34723, "
+        "val epoch accuracy:0.89258\n"
+        "INFO - 2020/03/07 01:35 -- 0:03:02 - Iter: 300, train loss: 0.27372, train "
+        "accuracy: 0.89, val loss: 0.29609, val accuracy: 0.9044\n"))
+    assert _series(job, "loss") == ([200, 300], [0.32974, 0.27372])
+    assert _series(job, "val_loss") == ([200, 300], [0.44704, 0.29609])
+    assert _series(job, "train_accuracy")[1] == [0.92, 0.89]
+    assert _series(job, "val_accuracy")[1] == [0.8636, 0.9044]
+    assert "accuracy" not in job.series
+
+
+def test_a_launchers_lone_step_banner_is_no_step_counter(tmp_path: Path) -> None:
+    """DeepSpeed's stamped "[Rank 0] step=0, skipped=0" once at the start, then the
+    Hugging Face Trainer's dicts, unstamped and with no step: the banner's step and time
+    are no clock for the dicts (carried on, the run sat at step 0 from 00:29 and was a
+    critical stall two hours later). The dicts' epochs are their steps, on a step clock."""
+    job = _read(tmp_path, (
+        "[2025-02-16 00:29:01,869] [INFO] [logging.py:96:log_dist] [Rank 0] step=0, "
+        "skipped=0, lr=[0.0]\n"
+        + "".join(f"{{'loss': {10 - e:.1f}, 'grad_norm': 1.2, 'learning_rate': 1e-05, "
+                  f"'epoch': {e / 100:.2f}}}\n" for e in range(1, 6))
+        + "[2025-02-16 03:56:45,226] [INFO] [launch.py:351:main] Process 3752006 exits "
+          "successfully.\n"))
+    assert job.clock == "step"
+    assert job.series["loss"].step.tolist() == [0.01, 0.02, 0.03, 0.04, 0.05]

@@ -191,14 +191,17 @@ class RunBuilder:
 
     def _stamped(self, wall: FloatArray) -> bool:
         """Whether at least half the progress records (the ``step`` records a reader
-        adds, else every record with a step) carry a time of their own. A script that
+        adds, where there are two or more, else every record with a step) carry a time of
+        their own. A script that
         logs its set-up and checkpoints through ``logging`` (stamped) and prints its
         steps (not stamped) has no clock for its steps: carried forward, the last stamp
         would date hours of steps to one instant, and a live watch would see them stall."""
         kind = np.array(self.kind, dtype=np.int64)
         at = self.names.get("step")
         rec = kind == at if at is not None else np.zeros(len(kind), dtype=bool)
-        if not rec.any():
+        if np.count_nonzero(rec) < 2:
+            # one step line (a launcher's "step=0" banner) says nothing of how the records
+            # after it are dated: they are judged themselves
             rec = (kind >= 0) & ~np.isnan(np.array(self.step, dtype=np.float64))
         n = int(np.count_nonzero(rec))
         return n == 0 or 2 * int(np.count_nonzero(~np.isnan(wall[rec]))) >= n

@@ -75,9 +75,18 @@ def _qualified(words: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{w} {k}" for w in words for k in ("Loss", "loss"))
 
 
-# after a key "loss" or "Loss": no qualifier word and a blank before it (a lookbehind of
-# each width; the key's own lookbehind keeps "val_loss" out)
-_NOT_QUALIFIED = "".join(f"(?<!{w} loss)(?<!{w} Loss)" for w in _QUALIFIERS)
+# after a key "loss" or "Loss": no qualifier word before it, next to it or one word
+# away ("val epoch loss:0.347", "Average Training Loss"): a lookbehind of each width; the
+# key's own lookbehind keeps "val_loss" out
+_BETWEEN = ("", "epoch ", "Epoch ", "batch ", "avg ", "average ", "mean ", "total ", "Total ")
+
+
+def _unqualified(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
+    """``key: value`` as ``_kv``, not where a word before the key says whose it is."""
+    return tuple(MetricDefinition(name, at_word_start(k) + "".join(
+        f"(?<!{w} {b}{k})" for w in _QUALIFIERS for b in _BETWEEN)
+        + r"['\"]?\s*[:=]\s*" + NUM) for k in keys)
+
 
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
 _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
@@ -96,6 +105,9 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(STEP, "(?:" + "|".join(
         f"{_field_start(k)}|{k}(?<=['\"]{k})" for k in ("step", "Step"))
         + r")['\"]?\s*:\s*" + NUM),
+    # "Iter: 200, train loss: ..." where a field begins
+    MetricDefinition(STEP, "(?:" + "|".join(_field_start(k) for k in (
+        "iter", "Iter", "iteration", "Iteration")) + r")\s*:\s*" + NUM),
     *_spaced(STEP, "step", "Step", "iter", "Iter", "iteration", "Iteration"),
     MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
     MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
@@ -124,17 +136,18 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
     # "loss", not where a word names whose it is: "Validation Loss: 0.41" on a line of
     # its own is the held-out loss, and read as the loss it would sit among the batches'
-    MetricDefinition("loss", at_word_start("loss") + _NOT_QUALIFIED
-                     + r"['\"]?\s*[:=]\s*" + NUM),
-    MetricDefinition("loss", at_word_start("Loss") + _NOT_QUALIFIED
-                     + r"['\"]?\s*[:=]\s*" + NUM),
+    *_unqualified("loss", "loss", "Loss"),
     # OLMo's trainer: "[step=1/15000,epoch=0]", then a line per metric
     *_kv("loss", "train/CrossEntropyLoss"),
     *_spaced("loss", "loss", "Loss"),
     # an accuracy near 1/K beside a loss at ln K: a K-class task at chance (Keras prints
     # "accuracy: 0.1003 - val_accuracy: 0.1000", older Keras "acc:")
-    *_kv("val_accuracy", "val_accuracy", "val_acc", "eval_accuracy"),
-    *_kv("accuracy", "accuracy", "acc"),
+    *_kv("val_accuracy", "val_accuracy", "val_acc", "eval_accuracy",
+         *(f"{w} {k}" for w in _HELD_OUT for k in ("accuracy", "Accuracy", "acc", "Acc"))),
+    *_kv("train_accuracy", "train_accuracy", "train_acc",
+         *(f"{w} {k}" for w in ("train", "Train", "training", "Training")
+           for k in ("accuracy", "Accuracy", "acc", "Acc"))),
+    *_unqualified("accuracy", "accuracy", "Accuracy", "acc", "Acc"),
     *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
     # a loop's "Epoch 3 | Step 120/6501 | Loss: 0.81": the epoch where a field begins

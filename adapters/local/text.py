@@ -128,7 +128,7 @@ class TextReader(Reader):
         clock = CumulativeTime()
         elapsed = step = math.nan
         source = False  # a line of Python source has been read
-        timed = stepped = False  # a time field, a step has been read
+        timed = stepped = False  # a time field, a step that moved has been read
         epoch_series, epochs = run.index("epoch"), 0
         durations: list[float] = []  # of the Keras epochs read
         with open_text(path) as f:
@@ -204,8 +204,10 @@ class TextReader(Reader):
                             run.planned_steps = int(value)
                         continue
                     if role == STEP_ROLE:
+                        # a step counter: a step that moved (a banner's lone "step=0",
+                        # DeepSpeed's, is none)
+                        stepped = stepped or (math.isfinite(step) and value != step)
                         step = value
-                        stepped = True
                     # a record: the metric, or the step (progress) with the line's times
                     kind(series)
                     values(value)
