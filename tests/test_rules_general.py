@@ -520,6 +520,35 @@ def test_a_validation_loss_that_doubled_is_overfit_unless_the_policy_waits_for_m
                   "overfit") == []
 
 
+def test_a_doubling_that_dips_under_two_fold_between_ticks_is_still_overfit() -> None:
+    """A held-out run's validation loss (a GRU classifier logged by Keras, 3-second
+    epochs): best 0.14 at epoch 95, then its level hovers 1.9-2.1 x, at 2 x for three
+    evaluations in a row only now and then. A watchdog judging once a minute, 17 epochs a
+    tick, saw it only below 2 x and said nothing; judged per record it fired and cleared.
+    Three levels at 2 x fire it, and it stands until the level falls below
+    ``steady_factor`` (1.5) x its best: the same at every cadence and in ``check``. A level
+    back under 1.5 x clears it."""
+    epochs = np.arange(200.0)
+    rng = np.random.default_rng(3)
+    val = np.concatenate([np.linspace(0.66, 0.14, 96),
+                          0.14 * (1.2 + 0.8 * (1 - np.exp(-np.arange(104) / 20)))])
+    val[96:] *= 1 + 0.03 * rng.standard_normal(104)
+    val[150:153] = 0.14 * 2.15  # the one stretch at 2 x
+    val[153:] = np.minimum(val[153:], 0.14 * 1.95)
+    train = np.geomspace(0.69, 0.08, 200)
+    job = job_of({"val_loss": (epochs, val), "loss": (epochs, train)}, dt=3.0)
+    (f,) = judged(job, "overfit")
+    assert f.evidence["best_step"] == 95 and "climbed to 2.1x and stands at 1.9x" in f.message
+    for tick in (None, 60.0):
+        res = replay(job, Policy(), tick=tick)
+        (h,) = [h for h in res.histories if h.rule == "overfit"]
+        assert h.first.step is not None and 150 <= h.first.step <= 175
+    back = val.copy()
+    back[170:] = 0.14 * 1.3  # came back under 1.5 x
+    assert judged(job_of({"val_loss": (epochs, back), "loss": (epochs, train)}, dt=3.0),
+                  "overfit") == []
+
+
 def steady_run(val_after: np.ndarray, val_before: np.ndarray | None = None) -> Job:
     """Evaluations once an epoch: the held-out loss falls over ``val_before`` (default
     0.9 -> 0.5 in five epochs), then follows ``val_after``; the training loss falls

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from trainguard.checker.metrics import get, objective, training_objective
 from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
@@ -80,6 +81,12 @@ class _Held(Track):
         self.level = math.nan  # the last level
         self.high = 0  # levels in a row at the end at factor x the best
         self.since = -1  # the record where that stretch of levels begins
+        # ``points`` levels in a row reached factor x the best (a replay's tick may fall
+        # after such a stretch dipped below it again): it stands until a level falls
+        # below steady_factor x the best, as an alert clears below where it fires
+        self.latched = False
+        self.latched_since = -1  # the record where the stretch that latched it begins
+        self.peak = 0.0  # the highest level / best while latched
         self.recent: list[tuple[int, float]] = []  # the last ``points`` evaluations
         self.best_value, self.best_at = math.inf, -1  # the lowest before them, and its record
 
@@ -106,6 +113,7 @@ class _Held(Track):
             levels = rolling_median3(w)  # levels[k] has pairs[k + 1] at its middle
             best = np.minimum.accumulate(np.minimum(levels, self.best))
             high = levels >= p.factor * best
+            self._latch(pairs, levels, best, high, p)
             low = np.flatnonzero(~high)
             if len(low):
                 self.high = len(high) - 1 - int(low[-1])
@@ -129,9 +137,38 @@ class _Held(Track):
             recent = recent[len(recent) - p.points:]
         self.recent = recent
 
+    def _latch(self, pairs: list[tuple[int, float]], levels: FloatArray, best: FloatArray,
+               high: npt.NDArray[np.bool_], p: OverfitParams) -> None:
+        """Whether ``points`` levels in a row at factor x the best have been reached since
+        the level last fell below steady_factor x the best, after these ``levels``."""
+        # consecutive high levels ending at each one, the stretch before them carried in
+        run = np.zeros(len(high), dtype=np.int64)
+        count = self.high
+        for k, h in enumerate(high.tolist()):  # evaluations, not training records
+            count = count + 1 if h else 0
+            run[k] = count
+        fired = np.flatnonzero(run >= p.points)
+        cleared = np.flatnonzero(levels < p.steady_factor * best)
+        last_clear = int(cleared[-1]) if len(cleared) else -1
+        if len(fired) and int(fired[-1]) > last_clear:
+            first = int(fired[fired > last_clear][0])  # the first firing since the clear
+            if not (self.latched and last_clear < 0):
+                start = first - int(run[first]) + 1  # the stretch's first level
+                self.latched_since = pairs[start + 1][0] if start >= 0 else self.since
+                self.peak = 0.0
+            self.latched = True
+        elif last_clear >= 0:
+            self.latched = False
+        if self.latched:
+            lo = last_clear + 1
+            self.peak = max(self.peak, float(np.max(levels[lo:] / best[lo:])))
+
     def climbing(self, p: OverfitParams) -> bool:
-        """The rule's condition on the held-out loss alone, as of the last evaluation."""
-        return self.nf >= 2 + p.points and self.low > 0 and self.high >= p.points
+        """The rule's condition on the held-out loss alone, as of the last evaluation:
+        ``points`` levels in a row at factor x the best, since when it has not come back
+        below steady_factor x the best."""
+        return self.nf >= 2 + p.points and self.low > 0 and (
+            self.high >= p.points or self.latched)
 
     def steady(self, s: Series, p: OverfitParams) -> float | None:
         """The trend statistic of the evaluations after the lowest one, when they climb
@@ -200,12 +237,17 @@ class Overfit(Rule):
         then, now = fell
         best_step = float(val.step[best_at]) if np.isfinite(val.step[best_at]) else None
         where = f"step {best_step:g}" if best_step is not None else f"record {best_at}"
-        how = ("climbed" if steady is None else
-               f"climbed steadily, {len(val) - 1 - held.low_at} evaluations since its lowest,")
+        how = ("climbed to" if steady is None else
+               f"climbed steadily, {len(val) - 1 - held.low_at} evaluations since its lowest, "
+               "to")
         since = held.since if steady is None else held.low_at + 1
+        ratio = held.level / held.best
+        if steady is None and held.high < p.points:  # latched: it reached more before
+            since = held.latched_since
+            how, ratio = f"climbed to {held.peak:.1f}x and stands at", ratio
         return [Finding(
             job_id=job.id, rule=self.name, severity=Severity.WARNING,
-            message=(f"{val.name} {how} to {held.level / held.best:.1f}x its best "
+            message=(f"{val.name} {how} {ratio:.1f}x its best "
                      f"({float(val.value[best_at]):.4g} at {where}) while {train.name} fell "
                      f"{then:.4g} -> {now:.4g}: overfitting; the best checkpoint is at {where}"),
             started_at=float(val.time[best_at]), step=best_step,
