@@ -402,3 +402,40 @@ def test_a_launchers_lone_step_banner_is_no_step_counter(tmp_path: Path) -> None
           "successfully.\n"))
     assert job.clock == "step"
     assert job.series["loss"].step.tolist() == [0.01, 0.02, 0.03, 0.04, 0.05]
+
+
+def test_a_built_in_definition_matches_no_line_without_its_needle() -> None:
+    """Each built-in definition names a text its lines hold, and lines without it are not
+    searched (a search per definition per line was most of the time spent reading a
+    log). A needle a matching line lacks would lose records: every built-in definition
+    is searched on every line of the shared corpora's text logs and of lines written here
+    in the shapes of the tests above, and never matches one without its needle."""
+    from tests.corpora import CURVES, RUNS
+    from trainguard.adapters.local.definitions import DEFAULT_DEFINITIONS
+
+    lines = [
+        "step:125/1750 val_loss:4.0123 train_time:51345ms step_avg:415.2ms",
+        "iter 10: loss 4.5735, time 267.36ms, mfu 8.92%",
+        "step     1/5000 | lr 1.493e-06 | loss 11.3191 | tok/s 1965.8",
+        "Step 10 | Loss: 66.0893", "[Epoch 001][Step 0240/1200] global_step=1440 loss=0.5",
+        "Iter(train) [  50/20000]  lr: 1.0e-04  loss: 0.8", "Epoch(train) [3][10/50] loss: 1",
+        "{'loss': 2.1095, 'grad_norm': 1.19, 'learning_rate': 3.4e-05, 'epoch': 0.05}",
+        "Epoch: 1, Batch: 10, Loss: 0.0322", "Validation Loss: 0.0073", "Test Loss: 0.0081",
+        "INFO - Iter: 200, train loss: 0.32974, train accuracy: 0.92, val loss: 0.44704",
+        "1875/1875 - 21s - loss: 0.29 - accuracy: 0.91 - val_loss: 0.31 - val_accuracy: 0.9",
+        "| norm: 0.2843 | dt: 22621.26ms", "19072 train 3.021431", "250 hella 0.2951",
+        "trainguard: step=100/1000 loss=2.5 val_loss=2.7 t=12.5",
+        "trainguard: pause phase=eval elapsed=30", "[step=1/15000,epoch=0]",
+        "    train/CrossEntropyLoss=2.998", " iteration   1/ 500 | lm loss: 1.26E+01 |",
+    ]
+    for root in (RUNS, CURVES):
+        for path in sorted(root.rglob("*.log"))[:12] + sorted(root.rglob("*.txt"))[:12]:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines += [line for _, line in zip(range(1500), f, strict=False)]
+    assert len(lines) >= 20
+    for d in DEFAULT_DEFINITIONS:
+        if not d.needle:
+            continue
+        rx = d.compile()
+        missed = [line for line in lines if d.needle not in line and rx.search(line)]
+        assert not missed, (d.name, d.needle, missed[:3])

@@ -33,11 +33,24 @@ def at_word_start(key: str) -> str:
     return key + r"(?<![\w.]" + key + ")"
 
 
+def _shared(keys: tuple[str, ...]) -> str:
+    """The longest text every one of ``keys`` holds (a line without it matches none)."""
+    first = min(keys, key=len)
+    for n in range(len(first), 1, -1):
+        for i in range(len(first) - n + 1):
+            if all(first[i:i + n] in k for k in keys):
+                return first[i:i + n]
+    return ""
+
+
 def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
-    """``key=value`` or ``key: value``, one definition per spelling of the key; the key may
-    be quoted (the dict the Hugging Face Trainer prints, ``{'loss': 2.1095, ...}``)."""
-    return tuple(MetricDefinition(name, at_word_start(k) + r"['\"]?\s*[:=]\s*" + NUM)
-                 for k in keys or (name,))
+    """``key=value`` or ``key: value``, for any spelling of the key (the leftmost on the
+    line); the key may be quoted (the dict the Hugging Face Trainer prints, ``{'loss':
+    2.1095, ...}``). One regex for all the spellings: each definition is a search of every
+    line of every log."""
+    keys = keys or (name,)
+    return (MetricDefinition(name, "(?:" + "|".join(at_word_start(k) for k in keys)
+                             + r")['\"]?\s*[:=]\s*" + NUM, needle=_shared(keys)),)
 
 
 def _field_start(key: str) -> str:
@@ -61,7 +74,7 @@ def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     not the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
     # one regex for all the spellings: each is a search per line of every log
     return (MetricDefinition(name, "(?:" + "|".join(_field_start(k) for k in keys)
-                             + r")\s+" + NUM),)
+                             + r")\s+" + NUM, needle=_shared(keys)),)
 
 
 # the words before "loss" that say whose it is ("Val Loss", "validation loss")
@@ -83,9 +96,9 @@ _BETWEEN = ("", "epoch ", "Epoch ", "batch ", "avg ", "average ", "mean ", "tota
 
 def _unqualified(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     """``key: value`` as ``_kv``, not where a word before the key says whose it is."""
-    return tuple(MetricDefinition(name, at_word_start(k) + "".join(
-        f"(?<!{w} {b}{k})" for w in _QUALIFIERS for b in _BETWEEN)
-        + r"['\"]?\s*[:=]\s*" + NUM) for k in keys)
+    return (MetricDefinition(name, "(?:" + "|".join(at_word_start(k) + "".join(
+        f"(?<!{w} {b}{k})" for w in _QUALIFIERS for b in _BETWEEN) for k in keys)
+        + r")['\"]?\s*[:=]\s*" + NUM, needle=_shared(keys)),)
 
 
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
@@ -96,27 +109,28 @@ _TOTAL = r"\s*[:=]?\s*\d+\s*/\s*(\d+)"
 DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     # a global step first: beside it, "[Epoch 001][Step 0240/1200] global_step=1440"
     # counts the epoch's batches
-    MetricDefinition(STEP, at_word_start("global_step") + r"['\"]?\s*[:=]\s*" + NUM),
-    MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL),
-    MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL),
+    MetricDefinition(STEP, at_word_start("global_step") + r"['\"]?\s*[:=]\s*" + NUM,
+                     needle="global_step"),
+    MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL, needle="step"),
+    MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL, needle="Step"),
     # "step=N" anywhere; "step: N" where a field begins or as a quoted key, not in prose
     # ("Effective tokens per optimizer step: 18432" is no step)
-    *(MetricDefinition(STEP, at_word_start(k) + r"\s*=\s*" + NUM) for k in ("step", "Step")),
+    *(MetricDefinition(STEP, at_word_start(k) + r"\s*=\s*" + NUM, needle=k)
+      for k in ("step", "Step")),
     MetricDefinition(STEP, "(?:" + "|".join(
         f"{_field_start(k)}|{k}(?<=['\"]{k})" for k in ("step", "Step"))
-        + r")['\"]?\s*:\s*" + NUM),
+        + r")['\"]?\s*:\s*" + NUM, needle="tep"),
     # "Iter: 200, train loss: ..." where a field begins
     MetricDefinition(STEP, "(?:" + "|".join(_field_start(k) for k in (
-        "iter", "Iter", "iteration", "Iteration")) + r")\s*:\s*" + NUM),
+        "iter", "Iter", "iteration", "Iteration")) + r")\s*:\s*" + NUM, needle="ter"),
     *_spaced(STEP, "step", "Step", "iter", "Iter", "iteration", "Iteration"),
-    MetricDefinition(PLANNED, at_word_start("step") + _TOTAL),
-    MetricDefinition(PLANNED, at_word_start("Step") + _TOTAL),
-    MetricDefinition(PLANNED, at_word_start("iteration") + _TOTAL),
+    *(MetricDefinition(PLANNED, at_word_start(k) + _TOTAL, needle=k)
+      for k in ("step", "Step", "iteration")),
     # MMEngine's logger: "Iter(train) [  50/20000]" (iteration-based loops), and the epoch
     # of "Epoch(train) [3][10/50]" (its iteration restarts each epoch: no step)
-    MetricDefinition(STEP, r"Iter\(train\)\s*\[\s*(\d+)/\d+\]"),
-    MetricDefinition(PLANNED, r"Iter\(train\)\s*\[\s*\d+/(\d+)\]"),
-    MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]"),
+    MetricDefinition(STEP, r"Iter\(train\)\s*\[\s*(\d+)/\d+\]", needle="Iter(train)"),
+    MetricDefinition(PLANNED, r"Iter\(train\)\s*\[\s*\d+/(\d+)\]", needle="Iter(train)"),
+    MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]", needle="Epoch(train)"),
     # build-nanogpt's log file (Karpathy's GPT-2 reproduction): "19072 train 3.021431",
     # "250 val 3.3417", "250 hella 0.2951"
     MetricDefinition(STEP, r"^(\d+) (?:train|val|hella) \S+\s*$"),
@@ -124,9 +138,9 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition("val_loss", r"^\d+ val " + NUM + r"\s*$"),
     MetricDefinition("hella", r"^\d+ hella " + NUM + r"\s*$"),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)ms",
-                     time=True, scale=0.001),
+                     time=True, scale=0.001, needle="train_time"),
     MetricDefinition("train_time", at_word_start("train_time") + r":(\d+(?:\.\d*)?)s\b",
-                     time=True),
+                     time=True, needle="train_time"),
     # the CamelCase and spaced spellings scripts print ("TrainLoss=1.87 | ValLoss=1.30")
     *_kv("val_loss", "val_loss", "eval_loss", "ValLoss", "valLoss", *_qualified(_HELD_OUT)),
     *_spaced("val_loss", "val_loss", "val loss", "Val Loss"),
@@ -155,7 +169,8 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     # the gradient's norm (a dead gradient is exactly 0): the Trainer's dict, and
     # build-nanogpt's / llm.c's "| norm: 0.2843 |" where a field begins
     *_kv("grad_norm", "grad_norm", "gradient_norm", "grad norm"),
-    MetricDefinition("grad_norm", "(?:" + _field_start("norm") + r")\s*[:=]?\s*" + NUM),
+    MetricDefinition("grad_norm", "(?:" + _field_start("norm") + r")\s*[:=]?\s*" + NUM,
+                     needle="norm"),
 )
 
 

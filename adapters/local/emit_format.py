@@ -28,7 +28,8 @@ EMIT_PHASES = ("eval", "checkpoint")
 
 def emit_definition(key: str, name: str | None = None) -> MetricDefinition:
     """The definition reading ``key=<number>`` from an emit line, as series ``name``."""
-    return MetricDefinition(name or key, _MARK + r".*? " + _escape(key) + "=" + EMIT_NUM)
+    return MetricDefinition(name or key, _MARK + r".*? " + _escape(key) + "=" + EMIT_NUM,
+                            needle=_MARK)
 
 
 def _escape(key: str) -> str:
@@ -41,12 +42,14 @@ def _pause(phase: str) -> str:
 
 
 EMIT_DEFINITIONS: tuple[MetricDefinition, ...] = (
-    MetricDefinition(STEP, _MARK + r".*? step=([0-9]+)"),
-    MetricDefinition(PLANNED, _MARK + r".*? step=[0-9]+/([0-9]+)"),
+    MetricDefinition(STEP, _MARK + r".*? step=([0-9]+)", needle=_MARK),
+    MetricDefinition(PLANNED, _MARK + r".*? step=[0-9]+/([0-9]+)", needle=_MARK),
     *(emit_definition(k) for k in EMIT_METRICS),
-    MetricDefinition("heartbeat", _pause(r"[^ ]+")),
-    *(MetricDefinition(f"heartbeat/{p}", _pause(p)) for p in EMIT_PHASES),
-    MetricDefinition("pause_seconds", _MARK + r" resume phase=[^ ]+ .*?elapsed=" + EMIT_NUM),
+    MetricDefinition("heartbeat", _pause(r"[^ ]+"), needle=_MARK),
+    *(MetricDefinition(f"heartbeat/{p}", _pause(p), needle=_MARK) for p in EMIT_PHASES),
+    MetricDefinition("pause_seconds", _MARK + r" resume phase=[^ ]+ .*?elapsed=" + EMIT_NUM,
+                     needle=_MARK),
     # epoch seconds: the clock when a launcher's prefix hides the ISO timestamp
-    MetricDefinition("emit_time", _MARK + r".* t=([0-9]+(?:\.[0-9]*)?)", time=True),
+    MetricDefinition("emit_time", _MARK + r".* t=([0-9]+(?:\.[0-9]*)?)", time=True,
+                     needle=_MARK),
 )

@@ -17,6 +17,9 @@ class MetricDefinition:
     regex: str  # one capture group holds the value
     time: bool = False  # a cumulative time field (the time axis), not a series
     scale: float = 1.0  # multiply the captured value (e.g. 0.001 for ms -> s)
+    # a text every line the regex matches holds: lines without it are not searched (the
+    # built-in definitions' keys have one; a log's own definitions are searched on every line)
+    needle: str = ""
 
     def compile(self) -> re.Pattern[str]:
         try:

@@ -77,7 +77,7 @@ def _role(d: MetricDefinition) -> int:
     return {STEP: STEP_ROLE, PLANNED: PLANNED_ROLE}.get(d.name, METRIC)
 
 
-Compiled = list[tuple[re.Pattern[str], int, int, str, float]]
+Compiled = list[tuple[re.Pattern[str], int, int, str, float, str]]
 
 
 def compile_definitions(
@@ -91,7 +91,7 @@ def compile_definitions(
     for d in definitions:
         role = _role(d)
         gid = ids.setdefault((role, d.name), len(ids))
-        out.append((d.compile(), role, gid, d.name, d.scale))
+        out.append((d.compile(), role, gid, d.name, d.scale, d.needle))
     out.sort(key=lambda item: (item[1], item[2]))  # stable: keeps each name's own order
     return out
 
@@ -123,8 +123,9 @@ class TextReader(Reader):
         # more than reading the line
         kind, values, steps = run.kind.append, run.value.append, run.step.append
         walls, elapses, rows = run.wall.append, run.elapsed.append, run.row.append
-        entries = [(rx, role, gid, name, scale, run.index(name if role == METRIC else STEP))
-                   for rx, role, gid, name, scale in compiled]
+        entries = [(rx, role, gid, name, scale, needle,
+                    run.index(name if role == METRIC else STEP))
+                   for rx, role, gid, name, scale, needle in compiled]
         clock = CumulativeTime()
         elapsed = step = math.nan
         source = False  # a line of Python source has been read
@@ -173,10 +174,12 @@ class TextReader(Reader):
                             wall = parse_timestamp(
                                 ts.group(1).replace(",", ".").replace("/", "-"))
                 hit = -1
-                for rx, role, gid, name, scale, series in entries:
+                for rx, role, gid, name, scale, needle, series in entries:
                     if gid == hit or (ep is not None and series == epoch_series
                                       and role == METRIC):
                         continue  # an earlier definition of this name matched
+                    if needle and needle not in line:
+                        continue  # no line without its key matches it
                     m = rx.search(line)
                     if m is None:
                         continue
