@@ -1,0 +1,126 @@
+"""Where a text log's records lie when it counts epochs: Keras's console output (its
+epoch lines, the progress bar's running means, the epochs' printed durations), a log that
+counts epochs and no steps, and a step counter that starts again each epoch."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+from trainguard.adapters.local.base import RunBuilder
+
+# Keras's console progress bar. Written to a file, each update is a line of its own (or
+# overwritten with backspaces and a carriage return): "  32/1875 [>....] - ETA: 5:00 -
+# loss: 2.3012" is a running mean over the epoch so far, no record; the epoch's own record
+# is the line whose count reached its total, "1875/1875 [=====] - 21s 11ms/step - loss:
+# 0.29 - val_loss: 0.31", with the epoch's duration. Keras 3 draws its bar with "━";
+# ``verbose=2`` writes only the epoch's line, "1875/1875 - 21s - loss: 0.29 - 21s/epoch",
+# and Keras 1 "224s - loss: 3.55 - acc: 0.29".
+KERAS_BAR = re.compile(r"[ \t]*(?P<done>\d+)/(?P<total>\d+|Unknown)[ \t]+"
+                       r"(?:(?P<bar>\[[=>.]*\]|━+)|(?=-[ \t]+(?:ETA|\d+s)))"
+                       r"(?:[ \t]*(?:-[ \t]*)?(?P<seconds>\d+)s\b)?")
+KERAS1_EPOCH = re.compile(r"[ \t]*(\d+)s - [a-z]")
+PER_EPOCH = re.compile(r" - (\d+(?:\.\d*)?)(m?s)/epoch\b")  # TF's precise duration
+# The line Keras writes before each epoch: "Epoch 3/15".
+EPOCH_LINE = re.compile(r"[ \t]*Epoch[ \t]+(\d+)[ \t]*/[ \t]*(\d+)[ \t]*$")
+
+
+def steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
+    """A step counter that starts again with each epoch ("Epoch 1 | Step 0/6501" after
+    "Epoch 0 | Step 6500/6501": the batch of the epoch) made one that goes on: each
+    epoch's steps follow the last one of the epoch before, one logging interval later, as
+    the run's optimiser steps do. Only where the step went back at every epoch that began,
+    and nowhere else: a run resumed from a checkpoint goes back in its epoch too, and is
+    left to the sessions (``adapters/local/sessions.py``). The planned steps a counter
+    printed ("/6501") were the epoch's, and are dropped."""
+    kinds, values, steps, rows = run.kind, run.value, run.step, run.row
+    if epoch_series not in kinds:
+        return
+    # the epoch each record is in: its line's own, else the last one before it
+    on_line = {rows[i]: values[i] for i, k in enumerate(kinds)
+               if k == epoch_series and math.isfinite(values[i])}
+    if len(set(on_line.values())) < 2:
+        return
+    epoch_of: list[float] = []
+    epoch = math.nan
+    for i in range(len(kinds)):
+        epoch = on_line.get(rows[i], epoch)
+        epoch_of.append(epoch)
+    # where the step went back: only where an epoch began
+    top = last_top = -math.inf
+    epoch = math.nan
+    back = False
+    fresh = False  # the record is the first with a step in a new epoch
+    for i, k in enumerate(kinds):
+        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
+            if math.isfinite(epoch) and epoch_of[i] < epoch:
+                return  # the epoch went back: a resume
+            fresh = math.isfinite(epoch)  # not the first epoch
+            epoch, last_top, top = epoch_of[i], max(last_top, top), -math.inf
+        s = steps[i]
+        if k < 0 or k == epoch_series or not math.isfinite(s):
+            continue
+        if fresh:
+            fresh = False
+            if s >= last_top:
+                return  # this epoch's step went on: a global step
+            back = True
+        elif s < top:
+            return  # back within an epoch: not a counter of the epoch's batches
+        top = max(top, s)
+    if not back:
+        return
+    firsts = [steps[i] for i, k in enumerate(kinds)
+              if k >= 0 and k != epoch_series and math.isfinite(steps[i])]
+    gaps = sorted(b - a for a, b in itertools.pairwise(firsts) if b > a)
+    gap = gaps[len(gaps) // 2] if gaps else 1.0
+    offset, top, epoch = 0.0, -math.inf, math.nan
+    for i in range(len(kinds)):
+        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
+            if math.isfinite(epoch) and math.isfinite(top):
+                offset += top + gap
+            epoch, top = epoch_of[i], -math.inf
+        if math.isfinite(steps[i]):
+            top = max(top, steps[i])
+            steps[i] += offset
+    run.planned_steps = None
+
+
+def keras_epoch(line: str, after_epoch_line: bool) -> float | None:
+    """For a line of Keras's progress bar: -1 part-way through an epoch, else the epoch's
+    duration in seconds (NaN where it prints none); None for any other line. The forms
+    without a bar ("19/19 - 21s - loss: ...", "224s - loss: ...") are Keras's only after
+    its "Epoch N/M" line: a loop's own "3/10 - 12s - loss: 0.41" is its epoch 3's record."""
+    bar = KERAS_BAR.match(line)
+    if bar is not None and (after_epoch_line or bar["bar"] is not None):
+        if bar["total"] == "Unknown" or int(bar["done"]) < int(bar["total"]):
+            return -1.0
+        seconds = bar["seconds"]
+    elif after_epoch_line and (old := KERAS1_EPOCH.match(line)) is not None:
+        seconds = old.group(1)
+    else:
+        return None
+    if (precise := PER_EPOCH.search(line)) is not None:
+        return float(precise.group(1)) * (0.001 if precise.group(2) == "ms" else 1.0)
+    return float(seconds) if seconds is not None else math.nan
+
+
+def epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
+    """A log that counts no steps but epochs ("Epoch 3/15" before Keras's record of the
+    epoch, "Epoch: 3, Batch: 10, Loss: ..."): each record's step is the epoch it is in,
+    as a CSV log with an epoch column and no step, and the planned steps are the epochs
+    Keras was asked for. Records before the first epoch are in the one before it (a log
+    whose first line is cut: its first record is the end of epoch 1, then "Epoch 2/10"),
+    if it is counted from 1."""
+    kinds, values, steps = run.kind, run.value, run.step
+    if epoch_series not in kinds:
+        return  # no epochs either: the records keep what they have
+    first = next((values[i] for i, k in enumerate(kinds) if k == epoch_series), math.nan)
+    at = first - 1 if first > 1 else math.nan
+    for i, k in enumerate(kinds):
+        if k == epoch_series:
+            at = values[i]
+        steps[i] = at
+    if planned > 0 and math.isfinite(at):
+        run.planned_steps = planned
