@@ -543,6 +543,12 @@ def test_a_doubling_that_dips_under_two_fold_between_ticks_is_still_overfit() ->
         res = replay(job, Policy(), tick=tick)
         (h,) = [h for h in res.histories if h.rule == "overfit"]
         assert h.first.step is not None and 150 <= h.first.step <= 175
+    # followed tick by tick, a few evaluations at a time or many, it says what a fresh
+    # judgement says at every tick (the latch's stretch and peak do not hang on batching)
+    from tests.test_divergence_follow import follow_and_compare
+    times = job.series["val_loss"].time
+    for every in (1, 7, 40):
+        assert follow_and_compare(job, times[::every], every=1) > 0
     back = val.copy()
     back[170:] = 0.14 * 1.3  # came back under 1.5 x
     assert judged(job_of({"val_loss": (epochs, back), "loss": (epochs, train)}, dt=3.0),

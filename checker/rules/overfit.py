@@ -150,18 +150,23 @@ class _Held(Track):
         fired = np.flatnonzero(run >= p.points)
         cleared = np.flatnonzero(levels < p.steady_factor * best)
         last_clear = int(cleared[-1]) if len(cleared) else -1
+        ratio = levels / best
         if len(fired) and int(fired[-1]) > last_clear:
             first = int(fired[fired > last_clear][0])  # the first firing since the clear
-            if not (self.latched and last_clear < 0):
-                start = first - int(run[first]) + 1  # the stretch's first level
-                self.latched_since = pairs[start + 1][0] if start >= 0 else self.since
-                self.peak = 0.0
+            if not (self.latched and last_clear < 0):  # latched afresh
+                # where the stretch began: the last level below it (as ``since``), which
+                # an earlier read saw if the stretch began before these levels; the peak
+                # is the highest since it fired: the same however the levels are read
+                start = first - int(run[first]) + 1
+                self.latched_since = pairs[start][0] if start >= 1 else self.since
+                self.peak = float(np.max(ratio[first:]))
+            else:
+                self.peak = max(self.peak, float(np.max(ratio)))
             self.latched = True
         elif last_clear >= 0:
             self.latched = False
-        if self.latched:
-            lo = last_clear + 1
-            self.peak = max(self.peak, float(np.max(levels[lo:] / best[lo:])))
+        elif self.latched:
+            self.peak = max(self.peak, float(np.max(ratio)))
 
     def climbing(self, p: OverfitParams) -> bool:
         """The rule's condition on the held-out loss alone, as of the last evaluation:
