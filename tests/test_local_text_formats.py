@@ -439,3 +439,16 @@ def test_a_built_in_definition_matches_no_line_without_its_needle() -> None:
         rx = d.compile()
         missed = [line for line in lines if d.needle not in line and rx.search(line)]
         assert not missed, (d.name, d.needle, missed[:3])
+
+
+def test_an_epoch_named_once_by_an_evaluation_dates_no_step_lines(tmp_path: Path) -> None:
+    """A trainer that logs "[INFO] loss: 2.86, grad_norm: 21.1" each step with no step,
+    and an evaluation's dict with 'epoch': 3.0 once at its end: the epoch counts nothing
+    (read as the lines' epoch, 9,588 losses sat at one step and a replay stopped the
+    healthy run as a two-hour stall). Its records keep no step, on its stamps."""
+    lines = "".join(f"[2025-07-07 12:{m:02d}:00,000] INFO: [INFO] loss: {2.8 - m / 100:.4f}, "
+                    f"grad_norm: 1.5\n" for m in range(50))
+    job = _read(tmp_path, lines + "[2025-07-07 12:50:00,000] INFO: Eval Metrics: "
+                "{'eval_loss': 1.32, 'epoch': 3.0}\n")
+    assert job.clock == "wall"
+    assert np.isnan(job.series["loss"].step).all() and "step" not in job.series

@@ -257,3 +257,22 @@ def test_stable_baselines3_progress_csv(tmp_path: Path) -> None:
     reward = job.series["rollout/ep_rew_mean"]
     assert reward.step.tolist() == [2048.0 * (i + 1) for i in range(10)]
     assert job.clock == "elapsed" and np.diff(reward.time).tolist() == [7.0] * 9
+
+
+def test_a_column_of_text_is_a_label_and_a_measure_of_text_an_error(tmp_path: Path) -> None:
+    """A sweep's CSV names its setting in a column of text (``param_type`` = ``mup`` on
+    every row): a label, skipped as JSON lines skip theirs; the file was refused whole
+    ("cannot read 'mup' as a number"). A loss, accuracy or reward holding text is a
+    damaged value and still an error naming the line, and so is a label column that later
+    holds a number (no value is dropped unsaid)."""
+    path = tmp_path / "sweep.csv"
+    path.write_text("step,param_type,loss\n0,mup,2.5\n10,mup,2.1\n20,mup,1.9\n")
+    job = _load(path)
+    assert job.series["loss"].value.tolist() == [2.5, 2.1, 1.9]
+    assert "param_type" not in job.series
+    path.write_text("step,param_type,loss\n0,mup,2.5\n10,0.5,2.1\n")
+    with pytest.raises(FormatError, match=r"sweep\.csv:3.*'param_type'.*text at line 2"):
+        load_run(path)
+    path.write_text("step,val_accuracy,loss\n0,n/a,2.5\n10,0.5,2.1\n")
+    with pytest.raises(FormatError, match=r"sweep\.csv:2.*'val_accuracy'.*'n/a'"):
+        load_run(path)

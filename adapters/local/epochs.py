@@ -110,14 +110,21 @@ def epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
     """A log that counts no steps but epochs ("Epoch 3/15" before Keras's record of the
     epoch, "Epoch: 3, Batch: 10, Loss: ..."): each record's step is the epoch it is in,
     as a CSV log with an epoch column and no step, and the planned steps are the epochs
-    Keras was asked for. Records before the first epoch are in the one before it (a log
-    whose first line is cut: its first record is the end of epoch 1, then "Epoch 2/10"),
-    if it is counted from 1."""
-    kinds, values, steps = run.kind, run.value, run.step
+    Keras was asked for. Records before the first epoch are in the one before it (a Keras
+    log whose first line is cut: its first record is the end of epoch 1, then "Epoch
+    2/10"). Only where the epoch counts the records: it moves, and is on a line of its
+    own or of theirs at least half as often as a line has records (an evaluation's
+    "'epoch': 3.0" once at the end of 9,588 step lines that count nothing dates none of
+    them: read as their epoch, they all sat at one step, and the run was a stall)."""
+    kinds, values, steps, rows = run.kind, run.value, run.step, run.row
     if epoch_series not in kinds:
         return  # no epochs either: the records keep what they have
-    first = next((values[i] for i, k in enumerate(kinds) if k == epoch_series), math.nan)
-    at = first - 1 if first > 1 else math.nan
+    epochs = [(rows[i], values[i]) for i, k in enumerate(kinds) if k == epoch_series]
+    lines = {rows[i] for i, k in enumerate(kinds) if k >= 0 and k != epoch_series}
+    if len({v for _, v in epochs}) < 2 or 2 * len({r for r, _ in epochs}) < len(lines):
+        return
+    first = epochs[0][1]
+    at = first - 1 if planned > 0 and first > 1 else math.nan
     for i, k in enumerate(kinds):
         if k == epoch_series:
             at = values[i]

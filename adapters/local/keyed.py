@@ -17,6 +17,7 @@ from trainguard.adapters.local.base import (
     parse_timestamp,
 )
 from trainguard.adapters.local.errors import FormatError
+from trainguard.checker.metrics import words
 
 STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step",
                        "current_steps",
@@ -61,6 +62,16 @@ def duration(text: str) -> float | None:
     return ((int(days or 0) * 24 + int(h)) * 60 + int(mi)) * 60 + float(sec)
 
 
+#: Words of a field the rules read as a number (a loss, an accuracy, a reward, the rate):
+#: text there is a damaged value, never a label.
+_MEASURES = frozenset({"loss", "acc", "accuracy", "reward", "rew", "return", "lr", "norm",
+                       "perplexity", "ppl", "error", "err"})
+
+
+def _may_be_label(key: str) -> bool:
+    return _MEASURES.isdisjoint(words(key))
+
+
 class KeyedRecords:
     """Feeds one record at a time to a ``RunBuilder``. ``field`` is the word used in error
     messages ("column" for CSV, "key" for JSON)."""
@@ -68,6 +79,10 @@ class KeyedRecords:
     def __init__(self, path: Path, run: RunBuilder, field: str) -> None:
         self.path, self.run, self.field = path, run, field
         self.clock = CumulativeTime()
+        # metric fields seen holding a number, and those holding text from their first
+        # value on (a label: a sweep's "param_type: mup"), with the line it was first seen
+        self.numeric: set[str] = set()
+        self.labels: dict[str, int] = {}
 
     def number(self, key: str, cell: str | float, line: int) -> float:
         if isinstance(cell, float | int):
@@ -84,6 +99,27 @@ class KeyedRecords:
                 return 1.0 if flag == "true" else 0.0
             raise FormatError(self.path, f"{self.field} {key!r}: cannot read {cell!r} as a "
                               "number", line) from None
+
+    def metric(self, key: str, cell: str | float, line: int) -> float | None:
+        """A metric field's value; None for a label, a field that held text from its first
+        value on and never a number (a number after it is an error, naming both lines: no
+        value is dropped unsaid)."""
+        if key in self.labels:
+            try:
+                self.number(key, cell, line)
+            except FormatError:
+                return None
+            raise FormatError(self.path, f"{self.field} {key!r} holds a number here and "
+                              f"text at line {self.labels[key]}: a label or a metric?", line)
+        try:
+            value = self.number(key, cell, line)
+        except FormatError:
+            if key in self.numeric or not _may_be_label(key):
+                raise
+            self.labels[key] = line
+            return None
+        self.numeric.add(key)
+        return value
 
     def time(self, key: str, cell: str | float, line: int) -> tuple[float, bool]:
         """(seconds, is_wall) from epoch seconds or ms, ISO-8601 text, or seconds since start."""
@@ -108,7 +144,8 @@ class KeyedRecords:
         for key, cell in fields:
             r = role(key)
             if r == "metric":
-                metrics.append((key, self.number(key, cell, line)))
+                if (value := self.metric(key, cell, line)) is not None:
+                    metrics.append((key, value))
             elif r == "step":
                 step = self.number(key, cell, line)
             elif r == "epoch":
