@@ -104,3 +104,20 @@ def test_a_loss_on_a_coarse_grid_with_a_lucky_quiet_stretch_is_not_critical() ->
     loss = np.concatenate([early, quiet, late])
     assert any((loss[i:i + 4] >= 15).all() for i in range(29, len(loss) - 4))  # it does
     assert first_critical(job_of(np.arange(len(loss), dtype=float), loss)) is None
+
+
+def test_a_spikes_recovery_tail_in_a_run_that_learnt_within_nine_points_is_no_undo() -> None:
+    """A memorisation sweep's run (a blind held-out CSV, labelled spiky): 3.2 -> 0.007 in
+    its first 8 records, so its first 9-point median is 0.035, then a spike to 26.9 whose
+    recovery takes 5 records (0.025, 0.23, 0.15, 0.09, 0.03) before it is back at 0.008.
+    Measured against a start of 0.035 the tail stood "80 % of the way back" for 4 records
+    and the run was stopped; it started at 3.2, its first median of 3 points, and had
+    undone none of that. A run that climbs back near that start is still stopped."""
+    head = [3.2, 0.546, 0.337, 0.115, 0.0353, 0.0203, 0.00932, 0.00705, 0.00711]
+    calm = list(0.0065 + 0.0005 * np.sin(np.arange(25.0)))
+    tail = [26.9, 0.0251, 0.234, 0.149, 0.0922, 0.0298, 0.00836, 0.00571, 0.0042]
+    loss = np.array(head + calm + tail + calm)
+    assert first_critical(job_of(np.arange(len(loss)) * 10.0, loss)) is None
+    undone_run = np.array(head + calm + list(np.linspace(0.5, 2.9, 6)) + [2.9] * 12)
+    found = first_critical(job_of(np.arange(len(undone_run)) * 10.0, undone_run))
+    assert found is not None and found[0] <= len(head) + len(calm) + 10

@@ -66,8 +66,10 @@ class DivergenceParams:
         "20) is a lucky dip, and its ordinary points stand 5-fold above it four at a time")
     undo_fraction: float = param(
         0.8, "the training objective back up this fraction of the way from its best to its "
-        "first level (medians of 9 points, which noise cannot move far) is a divergence "
-        "without NaN too, however small the ratio: the run has undone its learning...")
+        "first level (medians of 9 points, which noise cannot move far; the first median "
+        "of 3 where that is higher: a run that learnt within its first 9 points started "
+        "there) is a divergence without NaN too, however small the ratio: the run has "
+        "undone its learning...")
     undo_learnt: float = param(
         2.0, "... when its first level was at least this many times its best (it had "
         "learnt something to undo), for regress_points points in a row...")
@@ -431,7 +433,7 @@ class Climbs(Track):
                 and x - best >= p.regress_noise * _known(self.noise.value)) or (
             self.first_wide >= p.undo_learnt * wide
             and self.first_wide - wide >= p.undo_noise * self.noise.value
-            and x >= wide + p.undo_fraction * (self.first_wide - wide))
+            and x >= wide + p.undo_fraction * (max(self.first, self.first_wide) - wide))
         self._stretch(high, at, x, best, p)
         shifted = (self.first_wide >= p.undo_learnt * wide and x >= p.shift_factor * wide
                    and x - wide >= p.shift_noise * self.noise.value)
@@ -518,7 +520,7 @@ class Climbs(Track):
                     & (v - best >= p.regress_noise * np.where(np.isfinite(noise), noise, 0.0))) | (
                 (first_wide >= p.undo_learnt * wide)
                 & (first_wide - wide >= p.undo_noise * noise)
-                & (v >= wide + p.undo_fraction * (first_wide - wide)))
+                & (v >= wide + p.undo_fraction * (max(self.first, first_wide) - wide)))
             shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
                        & (v - wide >= p.shift_noise * noise))
         if shifted.any() or self.shifts.open is not None:
@@ -610,7 +612,7 @@ class Climbs(Track):
         """The least value a point takes to be far above the best levels ``best`` (of 3
         points) and ``wide`` (of 9) by the ratio or the undo test (taken as armed)."""
         ratio = max(p.regress_factor * best, best + p.regress_lost * max(self.first - best, 0))
-        return min(ratio, wide + p.undo_fraction * (self.first_wide - wide))
+        return min(ratio, wide + p.undo_fraction * (max(self.first, self.first_wide) - wide))
 
     def _shifted_band(self, left: float, p: DivergenceParams) -> Band:
         """While a shift stretch goes on (a divergence, or too short yet to be one): the
