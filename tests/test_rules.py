@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -417,3 +419,33 @@ def test_finished_pauses_raise_the_learnt_threshold() -> None:
     # silence after it: 1.5 x 20 min = 30 min before it is a stall
     assert only(evaluate([job], Policy(), t + 25 * 60), "stall") == []
     assert only(evaluate([job], Policy(), t + 35 * 60), "stall")
+
+
+def test_a_log_still_being_written_holds_a_stop_off_as_a_heartbeat_does() -> None:
+    """A run that stops logging progress and goes on writing lines (a final evaluation
+    or decoding pass that prints its batches, as a Joey-NMT run of the blind held-out sets
+    did for 8 minutes after its last step) is alive: past 30 minutes it is a warning that
+    says the log goes on, not a stop, until an hour, as for a heartbeating pause. A hang
+    writes nothing: the same silence with no lines, or with lines that stopped 20 minutes
+    ago, is stopped at 30 minutes."""
+    from trainguard.checker.model import LogLine
+
+    job = run(decaying(60), dt=10.0)
+    t_last = job.last_time()
+    assert t_last is not None
+    job.logs = [LogLine(t_last + 60.0 * m, f"Decoding batch {m}/50") for m in range(1, 46)]
+    now = t_last + 45 * 60 + 5
+    (f,) = only(evaluate([job], Policy(), now), "stall")
+    assert f.severity is Severity.WARNING and "its log goes on (45 lines" in f.message
+    (f,) = only(evaluate([job.until(now)], Policy(), t_last + 61 * 60), "stall")
+    assert f.severity is Severity.CRITICAL  # an hour on, and the lines stopped too
+    writing = dataclasses.replace(job, logs=[LogLine(t_last + 60.0 * m, "retry")
+                                             for m in range(1, 62)])
+    (f,) = only(evaluate([writing], Policy(), t_last + 61 * 60 + 5), "stall")
+    assert f.severity is Severity.CRITICAL  # a loop that prints on is stopped an hour on
+    stopped = dataclasses.replace(job, logs=job.logs[:25])  # the last line at 25 min
+    (f,) = only(evaluate([stopped], Policy(), now), "stall")
+    assert f.severity is Severity.CRITICAL and "log goes on" not in f.message
+    silent = dataclasses.replace(job, logs=[])
+    (f,) = only(evaluate([silent], Policy(), now), "stall")
+    assert f.severity is Severity.CRITICAL

@@ -71,7 +71,9 @@ class StallParams:
         "quarter of an hour, and a critical finding is what a policy stops on")
     max_pause_seconds: float = param(
         3600.0, "a pause announced by heartbeats (trainguard.emit) excuses silence this long, "
-        "or 3 x the longest pause the job finished before, whichever is larger")
+        "or 3 x the longest pause the job finished before, whichever is larger; a log "
+        "still being written (lines with no progress, the last within min_seconds: a "
+        "final evaluation, a decoding pass, a save) holds a stop off as long")
     busy_util: float = param(50.0, "mean GPU utilisation (%) above which GPUs count as busy")
     idle_util: float = param(10.0, "mean GPU utilisation (%) below which GPUs count as idle")
     max_points: int = param(
@@ -177,8 +179,18 @@ class Stall(Rule):
         if excused:
             return []
         critical = p.critical_after(thr)
+        writing = _writing(job, last, ctx.now, p.min_seconds)
+        if writing is not None:
+            # The process writes on (a phase that logs lines and no progress records): a
+            # hang writes nothing, a stop waits as for a heartbeating pause. A loop that
+            # prints a retry forever is still stopped, an hour on.
+            critical = max(critical, p.max_pause_seconds)
         severity = Severity.CRITICAL if silence > critical else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
+        if writing is not None:
+            why = (f"{why}; its log goes on ({writing[0]} lines since the last progress, "
+                   f"the latest {_span(ctx.now - writing[1])} ago): a phase that logs no "
+                   f"progress (an evaluation, a decoding pass, a save)?")
         unknown = restarted is None and _cadence_unknown(job, c)
         if unknown:
             # One progress record and nothing known before it (a file whose first line is
@@ -204,6 +216,9 @@ class Stall(Rule):
             evidence["gpu_util_during_silence"] = util
         if unknown:
             evidence["cadence_unknown"] = True
+        if writing is not None:
+            evidence["log_lines_since"] = writing[0]
+            evidence["last_log_line"] = writing[1]
         if done:
             evidence["ran_its_steps"] = True
         loop = ""
@@ -367,6 +382,22 @@ class Cadence:
                 self.first_update = t
             self.updates += 1
             self.last_update = t
+
+
+def _writing(job: Job, last: float, now: float, recent: float) -> tuple[int, float] | None:
+    """(lines, time of the latest) of the log lines written after the last progress
+    ``last`` and by ``now``, when the latest is within ``recent`` seconds of now: the
+    process is writing; None when it is not (or keeps no log)."""
+    lines, latest = 0, -math.inf
+    for line in reversed(job.logs):  # in time order, as the readers keep them
+        if line.time <= last:
+            break
+        if line.time <= now:
+            lines += 1
+            latest = max(latest, line.time)
+    if not lines or now - latest > recent:
+        return None
+    return lines, latest
 
 
 def _restart_since(job: Job, last: float, now: float) -> float | None:
