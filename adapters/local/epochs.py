@@ -42,24 +42,30 @@ def steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
                if k == epoch_series and math.isfinite(values[i])}
     if len(set(on_line.values())) < 2:
         return
-    epoch_of: list[float] = []
-    epoch = math.nan
-    for i in range(len(kinds)):
-        epoch = on_line.get(rows[i], epoch)
-        epoch_of.append(epoch)
-    # where the step went back: only where an epoch began
-    top = last_top = -math.inf
-    epoch = math.nan
-    back = False
-    fresh = False  # the record is the first with a step in a new epoch
+    counted = [steps[i] for i, k in enumerate(kinds)
+               if k >= 0 and k != epoch_series and math.isfinite(steps[i])]
+    gaps = sorted(b - a for a, b in itertools.pairwise(counted) if b > a)
+    gap = gaps[len(gaps) // 2] if gaps else 1.0
+    moved = list(steps)
+    epoch, offset, back, fresh = math.nan, 0.0, False, False
+    # the epoch's top step of a record, of all epochs' before it, and of any line in it
+    top = last_top = ended = -math.inf
     for i, k in enumerate(kinds):
-        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
-            if math.isfinite(epoch) and epoch_of[i] < epoch:
-                return  # the epoch went back: a resume
-            fresh = math.isfinite(epoch)  # not the first epoch
-            epoch, last_top, top = epoch_of[i], max(last_top, top), -math.inf
+        e = on_line.get(rows[i], epoch)
+        if e != epoch and math.isfinite(e):
+            if math.isfinite(epoch):
+                if e < epoch:
+                    return  # the epoch went back: a resume
+                fresh = True  # the next record with a step is this epoch's first
+                if math.isfinite(ended):
+                    offset += ended + gap
+            epoch, last_top, top, ended = e, max(last_top, top), -math.inf, -math.inf
         s = steps[i]
-        if k < 0 or k == epoch_series or not math.isfinite(s):
+        if not math.isfinite(s):
+            continue
+        ended = max(ended, s)
+        moved[i] = s + offset
+        if k < 0 or k == epoch_series:
             continue
         if fresh:
             fresh = False
@@ -69,22 +75,20 @@ def steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
         elif s < top:
             return  # back within an epoch: not a counter of the epoch's batches
         top = max(top, s)
-    if not back:
-        return
-    firsts = [steps[i] for i, k in enumerate(kinds)
-              if k >= 0 and k != epoch_series and math.isfinite(steps[i])]
-    gaps = sorted(b - a for a, b in itertools.pairwise(firsts) if b > a)
-    gap = gaps[len(gaps) // 2] if gaps else 1.0
-    offset, top, epoch = 0.0, -math.inf, math.nan
-    for i in range(len(kinds)):
-        if epoch_of[i] != epoch and math.isfinite(epoch_of[i]):
-            if math.isfinite(epoch) and math.isfinite(top):
-                offset += top + gap
-            epoch, top = epoch_of[i], -math.inf
-        if math.isfinite(steps[i]):
-            top = max(top, steps[i])
-            steps[i] += offset
-    run.planned_steps = None
+    if back:
+        steps[:] = moved
+        run.planned_steps = None
+
+
+def keras_clock(run: RunBuilder, durations: list[float]) -> None:
+    """After the last line of a Keras console log with no time field: the sum of the
+    epochs' ``durations`` is its clock, counted from the start of the first epoch read
+    (the job was running then: its first record came an epoch later); none where an
+    epoch took "0s" or printed none (a clock that cannot order its records)."""
+    if min(durations) <= 0:
+        run.elapsed[:] = [math.nan] * len(run.elapsed)
+    elif run.start_time is None:
+        run.start_time = 0.0
 
 
 def keras_epoch(line: str, after_epoch_line: bool) -> float | None:

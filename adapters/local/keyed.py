@@ -17,7 +17,7 @@ from trainguard.adapters.local.base import (
     parse_timestamp,
 )
 from trainguard.adapters.local.errors import FormatError
-from trainguard.checker.metrics import words
+from trainguard.checker.metrics import REWARD_WORDS, words
 
 STEP_KEYS = frozenset({"step", "global_step", "iteration", "iter", "_step", "trainer/global_step",
                        "current_steps",
@@ -64,8 +64,8 @@ def duration(text: str) -> float | None:
 
 #: Words of a field the rules read as a number (a loss, an accuracy, a reward, the rate):
 #: text there is a damaged value, never a label.
-_MEASURES = frozenset({"loss", "acc", "accuracy", "reward", "rew", "return", "lr", "norm",
-                       "perplexity", "ppl", "error", "err"})
+_MEASURES = REWARD_WORDS | {"loss", "acc", "accuracy", "lr", "norm", "perplexity", "ppl",
+                            "error", "err"}
 
 
 def _may_be_label(key: str) -> bool:

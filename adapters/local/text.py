@@ -24,6 +24,7 @@ from trainguard.adapters.local.definitions import (
 from trainguard.adapters.local.epochs import (
     EPOCH_LINE,
     epochs_as_steps,
+    keras_clock,
     keras_epoch,
     steps_across_epochs,
 )
@@ -134,22 +135,14 @@ class TextReader(Reader):
                 if head.isdigit() and (keras := keras_epoch(line, epochs > 0)) is not None:
                     if keras < 0:
                         continue  # a running mean part-way through the epoch
-                    if not timed:
-                        # the epoch's duration: the time axis is their sum, unless an
-                        # epoch took "0s" or printed none (a clock that cannot order
-                        # its records)
+                    if not timed:  # the epoch's duration: the clock (``keras_clock``)
                         durations.append(keras if keras > 0 else 0.0)
                         if keras > 0:
                             elapsed = (0.0 if math.isnan(elapsed) else elapsed) + keras
                 ep = EPOCH_LINE.match(line) if head == "E" else None
-                if ep is not None:
+                if ep is not None:  # once an epoch: no need to spare the call
                     epochs = int(ep.group(2))
-                    kind(epoch_series)
-                    values(float(ep.group(1)))
-                    steps(step)
-                    walls(math.nan)
-                    elapses(elapsed)
-                    rows(lineno)
+                    run.add("epoch", float(ep.group(1)), step, math.nan, elapsed, lineno)
                     matched = True
                 # a line's own time: the builder carries it to the lines after it, and
                 # tells a log whose progress lines are stamped from one whose are not
@@ -218,9 +211,4 @@ class TextReader(Reader):
         else:
             steps_across_epochs(run, epoch_series)
         if durations and not timed:
-            if min(durations) <= 0:
-                run.elapsed[:] = [math.nan] * len(run.elapsed)
-            elif run.start_time is None:
-                # the sum counts from the start of the first epoch read: the job was
-                # running then (its first record came an epoch later)
-                run.start_time = 0.0
+            keras_clock(run, durations)

@@ -433,7 +433,7 @@ class Climbs(Track):
                 and x - best >= p.regress_noise * _known(self.noise.value)) or (
             self.first_wide >= p.undo_learnt * wide
             and self.first_wide - wide >= p.undo_noise * self.noise.value
-            and x >= wide + p.undo_fraction * (max(self.first, self.first_wide) - wide))
+            and x >= wide + p.undo_fraction * (self._start(self.first_wide) - wide))
         self._stretch(high, at, x, best, p)
         shifted = (self.first_wide >= p.undo_learnt * wide and x >= p.shift_factor * wide
                    and x - wide >= p.shift_noise * self.noise.value)
@@ -520,7 +520,7 @@ class Climbs(Track):
                     & (v - best >= p.regress_noise * np.where(np.isfinite(noise), noise, 0.0))) | (
                 (first_wide >= p.undo_learnt * wide)
                 & (first_wide - wide >= p.undo_noise * noise)
-                & (v >= wide + p.undo_fraction * (max(self.first, first_wide) - wide)))
+                & (v >= wide + p.undo_fraction * (self._start(first_wide) - wide)))
             shifted = ((first_wide >= p.undo_learnt * wide) & (v >= p.shift_factor * wide)
                        & (v - wide >= p.shift_noise * noise))
         if shifted.any() or self.shifts.open is not None:
@@ -608,11 +608,16 @@ class Climbs(Track):
         shift = p.shift_factor * m if self.first_wide >= p.undo_learnt * m else math.inf
         return Band(self.n + left, floor, min(self._far(m, m, p), shift) * (1 - _EPS), True)
 
+    def _start(self, first_wide: float) -> float:
+        """Where the run started, for the undo test: its first level of 9 points, or of 3
+        where that is higher (a run that learnt within its first 9 points started there)."""
+        return max(self.first, first_wide)
+
     def _far(self, best: float, wide: float, p: DivergenceParams) -> float:
         """The least value a point takes to be far above the best levels ``best`` (of 3
         points) and ``wide`` (of 9) by the ratio or the undo test (taken as armed)."""
         ratio = max(p.regress_factor * best, best + p.regress_lost * max(self.first - best, 0))
-        return min(ratio, wide + p.undo_fraction * (max(self.first, self.first_wide) - wide))
+        return min(ratio, wide + p.undo_fraction * (self._start(self.first_wide) - wide))
 
     def _shifted_band(self, left: float, p: DivergenceParams) -> Band:
         """While a shift stretch goes on (a divergence, or too short yet to be one): the

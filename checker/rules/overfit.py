@@ -249,7 +249,7 @@ class Overfit(Rule):
         ratio = held.level / held.best
         if steady is None and held.high < p.points:  # latched: it reached more before
             since = held.latched_since
-            how, ratio = f"climbed to {held.peak:.1f}x and stands at", ratio
+            how = f"climbed to {held.peak:.1f}x and stands at"
         return [Finding(
             job_id=job.id, rule=self.name, severity=Severity.WARNING,
             message=(f"{val.name} {how} {ratio:.1f}x its best "
