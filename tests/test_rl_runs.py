@@ -186,3 +186,51 @@ def test_a_negative_reward_is_judged_by_its_size(shape: str, want: Severity | No
                   "train/value_loss": (STEPS, 5 + 0.5 * rng.standard_normal(N))})
     found = [(r, s) for r, s, _ in _found(job)]
     assert found == ([] if want is None else [("plateau", want)])
+
+
+def _zeros(n: int, seed: int = 3) -> np.ndarray:
+    """A GRPO reward logged per step: mostly exactly 0, now and then one or two of a
+    group's 16 completions scoring (0.0625, 0.125)."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(n) < 0.15, 0.0625 * rng.integers(1, 3, n), 0.0)
+
+
+def test_a_reward_exactly_zero_at_most_steps_is_not_learning() -> None:
+    """Every completion of a group scoring 0 gives GRPO no advantage to learn from: its
+    loss sits near 0 and says nothing; the reward does."""
+    n = 100
+    steps = np.arange(n) + 1.0
+    job = job_of({"reward": (steps, _zeros(n)),
+                  "loss": (steps, 1e-5 * np.random.default_rng(4).standard_normal(n))})
+    found = _found(job)
+    assert ("plateau", Severity.WARNING) in [f[:2] for f in found]
+    assert any("reward is exactly 0 at" in m and "no signal" in m for _, _, m in found)
+
+
+@pytest.mark.parametrize("shape", ["then climbs", "per episode"])
+def test_a_reward_zero_at_first_that_then_learns_ends_with_no_warning(shape: str) -> None:
+    """A sparse reward, 0 until the agent first succeeds, then climbing; or 1 on a
+    successful episode and 0 on the others, successes 5 % -> 60 % of episodes: not
+    learning while it is (almost) all 0; nothing is said as of the last record, once its
+    share of successes has confidently grown."""
+    n = 300 if shape == "then climbs" else 1000
+    rng = np.random.default_rng(6)
+    ret = (np.concatenate([_zeros(100), 0.2 + 0.6 * (1 - np.exp(-np.arange(200) / 40))])
+           if shape == "then climbs" else (rng.random(n) < np.linspace(0.05, 0.6, n)) * 1.0)
+    result = replay(job_of({"reward": (np.arange(n) + 1.0, ret)}), default_policy())
+    assert any(h.rule == "plateau" and h.worst is Severity.WARNING
+               and "exactly 0" in h.finding.message for h in result.histories)
+    assert [f for f in result.final if f.severity.rank >= Severity.WARNING.rank] == []
+
+
+@pytest.mark.parametrize("shape", ["solved", "few points", "a rare zero"])
+def test_a_reward_that_is_zero_for_other_reasons_is_not_called_zero(shape: str) -> None:
+    """0 as the best a reward can be (-1 a step until the goal, as FetchReach), zeros on
+    fewer than ten points, or zeros among a learning reward's points."""
+    rng = np.random.default_rng(5)
+    ret = {"solved": np.concatenate([np.linspace(-50, -5, 20), np.zeros(180)]),
+           "few points": np.array([0.0625, 0.125, 0, 0, 0, 0, 0, 0.0625, 0]),
+           "a rare zero": np.where(rng.random(200) < 0.3, 0.0,
+                                   np.linspace(0.2, 0.9, 200))}[shape]
+    job = job_of({"reward": (np.arange(len(ret)) + 1.0, ret)})
+    assert not any("exactly 0" in m for _, _, m in _found(job))

@@ -128,6 +128,11 @@ class PlateauParams:
     rejudge_parts: int = param(
         64, "beyond max_points, the verdict is renewed each time the objective grows by a "
         "block of at most 1/this of its records")
+    reward_zero: float = param(
+        0.5, "an RL run's reward exactly 0 at more than this fraction of its points (twice "
+        "min_points at least), over the whole run and its later half, though some point "
+        "was above 0 and none below, is not learning: the policy gets no signal (GRPO's "
+        "advantages are all 0 when every completion of a group scores the same)")
     seen_fraction: float = param(
         0.5, "'not learning' is said only of a run whose records cover at least this "
         "fraction of its steps: a log that begins at step 50,000 (a run resumed from a "
@@ -208,7 +213,8 @@ class Plateau(Rule):
         x, v = x[keep], s.value[keep]
         if warming_up(job):
             return []  # the optimiser is not at its rate yet: nothing to judge
-        mode = self._mode(s, ctx.policy)
+        rl = self._rl(s, ctx.policy)
+        mode = "max" if rl else p.mode
         if mode == "min" and len(v) >= p.chance_min_points and not v.any():
             # Exactly 0 from its first record on (with grad_norm 0: every label masked, a
             # loss that sees no data): no level to improve on, and nothing is learnt.
@@ -217,6 +223,8 @@ class Plateau(Rule):
                 f"{s.name} is exactly 0 at all {len(v)} points: nothing is learnt (every "
                 "label masked, or a loss that sees no data?)",
                 {"points": len(v), "all_zero": True})]
+        if rl and (nothing := self._zero_reward(job, s, v, keep)) is not None:
+            return [nothing]
         if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
             # Improvement relative to the level needs a floor at zero; a loss that went
             # negative (a GAN critic's Wasserstein loss, a continuous NLL) has none. A
@@ -290,12 +298,43 @@ class Plateau(Rule):
         return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level, mode,
                                 quantum)]
 
-    def _mode(self, s: Series, policy: Policy) -> str:
-        """``mode``, but an RL run's reward, the objective chosen when the policy names
-        none, is maximised."""
+    def _rl(self, s: Series, policy: Policy) -> bool:
+        """Whether ``s`` is an RL run's reward, the objective chosen when the policy names
+        none: it is maximised, whatever ``mode`` says."""
         named = policy.metrics.get("reward")
         rl = is_reward(s.name) if named is None else bool(named) and s.name == named
-        return "max" if self.params.metric is None and rl else self.params.mode
+        return self.params.metric is None and rl
+
+    def _zero_reward(self, job: Job, s: Series, v: FloatArray, keep: np.ndarray
+                     ) -> Finding | None:
+        """*Not learning* for a reward exactly 0 at most of its points (``reward_zero``),
+        over the whole run and its later half, that was above 0 at some point (so 0 is not
+        its best: a goal-reaching task's reward of -1 a step is 0 once solved) and never
+        below (a score with 0 as its floor, such as the share of completions right), with
+        no confidently larger share of points above 0 in its later half than in its first."""
+        p: PlateauParams = self.params
+        n = len(v)
+        if n < 2 * p.min_points or np.min(v) < 0 or np.max(v) <= 0:
+            return None
+        zero = v == 0
+        if zero.mean() <= p.reward_zero or zero[n // 2:].mean() <= p.reward_zero:
+            return None
+        # a sparse reward whose share of successes grows (0 on most episodes, fewer of them
+        # later) is learning: the later half's share above 0 must not be confidently higher
+        first, later = 1.0 - zero[:n // 2].mean(), 1.0 - zero[n // 2:].mean()
+        share = 1.0 - zero.mean()
+        se = math.sqrt(share * (1 - share) * (1 / (n // 2) + 1 / (n - n // 2)))
+        if later - first > p.z * se:
+            return None
+        at = int(np.flatnonzero(keep)[int(np.argmax(zero))])
+        return self._finding(
+            job, s, at, Severity.WARNING, "flat",
+            f"{s.name} is exactly 0 at {int(zero.sum())} of its {n} points (never above "
+            f"{np.max(v):.4g}): the policy gets almost no reward, so no signal to learn "
+            "from (GRPO's advantages are all 0 when every completion of a group scores 0): "
+            "not learning",
+            {"points": n, "zero_points": int(zero.sum()), "max": float(np.max(v)),
+             "zero_reward": True})
 
     # --------------------------------------------------------------------- the tests
 
