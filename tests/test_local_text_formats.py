@@ -452,3 +452,32 @@ def test_an_epoch_named_once_by_an_evaluation_dates_no_step_lines(tmp_path: Path
                 "{'eval_loss': 1.32, 'epoch': 3.0}\n")
     assert job.clock == "wall"
     assert np.isnan(job.series["loss"].step).all() and "step" not in job.series
+
+
+def test_a_trainers_fractional_epochs_date_their_own_lines_in_order(tmp_path: Path) -> None:
+    """The Hugging Face Trainer's console: "{'loss': 2.9, ..., 'epoch': 0.01}" with no
+    step, the epoch rounded to 0.01, so three or four lines print each value. Each record
+    is in its own line's epoch (not the line before's: the first record had none), and
+    lines that print the same one are spread up to the next, in order, as its steps were;
+    a tqdm bar between them keeps the step of the line before it."""
+    lines = []
+    for i in range(1, 41):
+        lines.append(f" {i}%|##| {i}/400 [00:{i:02d}<10:00,  1.00s/it]\n")
+        lines.append(f"{{'loss': {3.0 - i / 40:.4f}, 'grad_norm': 1.5, "
+                     f"'learning_rate': 5e-05, 'epoch': {round(i / 300, 2)}}}\n")
+    job = _read(tmp_path, "".join(lines))
+    step = job.series["loss"].step
+    assert len(step) == 40 and np.isfinite(step).all()
+    assert step[0] == 0.0 and (np.diff(step) > 0).all()  # in order, none shared
+    printed = np.array([round(i / 300, 2) for i in range(1, 41)])
+    first = np.r_[True, printed[1:] != printed[:-1]]  # where a new value is printed
+    assert np.array_equal(step[first], printed[first])  # each at its own line's epoch
+    assert (step >= printed - 1e-12).all()
+
+
+def test_whole_epochs_shared_by_a_loops_batches_are_not_spread(tmp_path: Path) -> None:
+    """Integer epochs shared by an epoch's batch lines ("Epoch: 3, Batch: 10, Loss: ...")
+    stay the batches' step: the plateau rule judges such a loop per epoch."""
+    job = _read(tmp_path, "".join(f"Epoch: {e}, Batch: {b}, Loss: {2.0 - e / 10:.3f}\n"
+                                  for e in range(1, 6) for b in range(0, 50, 10)))
+    assert job.series["loss"].step.tolist() == [float(e) for e in range(1, 6) for _ in range(5)]

@@ -119,7 +119,13 @@ def epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
     2/10"). Only where the epoch counts the records: it moves, and is on a line of its
     own or of theirs at least half as often as a line has records (an evaluation's
     "'epoch': 3.0" once at the end of 9,588 step lines that count nothing dates none of
-    them: read as their epoch, they all sat at one step, and the run was a stall)."""
+    them: read as their epoch, they all sat at one step, and the run was a stall).
+
+    A record is in its own line's epoch where the line names one after it (the Hugging
+    Face Trainer's "{'loss': 2.1, ..., 'epoch': 0.01}"). A fractional epoch, the share
+    of the data seen, is printed rounded (to 0.01), and lines that print the same one
+    are spread evenly up to the next (``_spread``): the records keep their order on the
+    step axis, one logging interval apart, as the Trainer's steps were."""
     kinds, values, steps, rows = run.kind, run.value, run.step, run.row
     if epoch_series not in kinds:
         return  # no epochs either: the records keep what they have
@@ -127,11 +133,47 @@ def epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
     lines = {rows[i] for i, k in enumerate(kinds) if k >= 0 and k != epoch_series}
     if len({v for _, v in epochs}) < 2 or 2 * len({r for r, _ in epochs}) < len(lines):
         return
+    on_line: dict[int, float] = {}
+    for row, v in epochs:
+        on_line.setdefault(row, v)
     first = epochs[0][1]
     at = first - 1 if planned > 0 and first > 1 else math.nan
-    for i, k in enumerate(kinds):
-        if k == epoch_series:
-            at = values[i]
+    for i in range(len(kinds)):
+        at = on_line.get(rows[i], at)
         steps[i] = at
+    if any(math.isfinite(v) and v != math.floor(v) for _, v in epochs):
+        _spread(steps, rows, [k >= 0 for k in kinds])
     if planned > 0 and math.isfinite(at):
         run.planned_steps = planned
+
+
+def _spread(steps: list[float], rows: list[int], metric: list[bool]) -> None:
+    """Lines of metrics that share a step are spread evenly from it to the next step (the
+    last ones by the spacing of the ones before); the records of one line keep one step,
+    and a line of no metric (progress) the step of the last line of metrics before it."""
+    order: list[int] = []  # the lines of metrics, in order
+    step_of: dict[int, float] = {}
+    for s, r, m in zip(steps, rows, metric, strict=True):
+        if m and r not in step_of:
+            order.append(r)
+            step_of[r] = s
+    spread: dict[int, float] = {}
+    j, increment = 0, math.nan
+    while j < len(order):
+        value = step_of[order[j]]
+        k = j + 1
+        while k < len(order) and step_of[order[k]] == value:
+            k += 1
+        nxt = step_of[order[k]] if k < len(order) else math.nan
+        if math.isfinite(nxt) and math.isfinite(value) and nxt > value:
+            increment = (nxt - value) / (k - j)
+        for m in range(j, k):
+            spread[order[m]] = (value + (m - j) * increment
+                                if math.isfinite(increment) else value)
+        j = k
+    last = math.nan
+    for i, r in enumerate(rows):
+        if r in spread:
+            last = steps[i] = spread[r]
+        elif math.isfinite(last):  # before the first line of metrics: as it was
+            steps[i] = last
