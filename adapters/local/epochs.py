@@ -167,8 +167,8 @@ def _spread(steps: list[float], rows: list[int], metric: list[bool]) -> None:
         nxt = step_of[order[k]] if k < len(order) else math.nan
         if math.isfinite(nxt) and math.isfinite(value) and nxt > value:
             increment = (nxt - value) / (k - j)
-        for m in range(j, k):
-            spread[order[m]] = (value + (m - j) * increment
+        for n in range(j, k):
+            spread[order[n]] = (value + (n - j) * increment
                                 if math.isfinite(increment) else value)
         j = k
     last = math.nan
