@@ -49,10 +49,17 @@ class Climb:
     wide: tuple[float, float]  # the first and the best levels of 9 points before it
     length: int = 0
     back: int | None = None  # the record of the finite point that ended it
+    ready_at: int | None = None  # the record at which it became a divergence
+    peak: float = -math.inf  # its highest point while not yet one
+    tail: list[float] = field(default_factory=list)  # its latest points while not yet one
 
     @property
     def end(self) -> int:
         return self.start + self.length
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_at is not None
 
 
 @dataclass
@@ -61,12 +68,25 @@ class Shifted(Climb):
 
     where: float = math.nan  # its first point's step (NaN: none; then points count)
     values: list[float] = field(default_factory=list)
-    ready_at: int | None = None  # the record at which it became a divergence
     ready_length: int = 0  # its length then: what its finding says, however long it goes on
 
-    @property
-    def ready(self) -> bool:
-        return self.ready_at is not None
+
+#: Points kept of a stretch to tell whether it is coming back down (``falling_back``).
+BACK_POINTS = 6
+#: A stretch still coming back down after this many points is no spike.
+LONGEST_SPIKE = 32
+
+
+def falling_back(tail: list[float], peak: float, factor: float, length: int) -> bool:
+    """Whether a stretch of ``length`` points, its latest ``tail`` (up to
+    ``BACK_POINTS``), is still coming back down from a spike: its latest level (a median
+    of its last 3 points) at most half its highest point ``peak`` and ``factor`` times
+    below the level of the (up to 3) points before those. Not standing or climbing; not
+    after ``LONGEST_SPIKE`` points. Needs 4 points."""
+    if len(tail) < 4 or length >= LONGEST_SPIKE:
+        return False
+    latest = float(np.median(tail[-3:]))
+    return latest <= 0.5 * peak and latest * factor <= float(np.median(tail[-6:-3]))
 
 
 class Shifts:

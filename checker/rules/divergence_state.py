@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,12 @@ import numpy as np
 from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
-from trainguard.checker.rules.divergence_shift import Climb, Shifts
+from trainguard.checker.rules.divergence_shift import (
+    BACK_POINTS,
+    Climb,
+    Shifts,
+    falling_back,
+)
 from trainguard.checker.rules.divergence_stuck import Stuck
 from trainguard.checker.rules.divergence_zero import Zeros
 from trainguard.checker.seen import SMALL, Track
@@ -56,6 +61,14 @@ class DivergenceParams:
         4, "... when this many points in a row are there: more than a loss spike lasts "
         "(a bad batch or a loss-scale skip is back within three logged points); it has "
         "recovered once recover_points are back")
+    regress_back: float = param(
+        1.1, "... unless it is still coming back down when it has them (and so for a "
+        "blow-up at recover_points): its latest level (a median of its last 3 points) at "
+        "most half its highest point and this many times below the level of the (up to 3) "
+        "points before those, for at most 32 points. A loss that jumped 1,000-fold and "
+        "fell back over 14 points, 5-50 x its best all the while, was a spike; one that "
+        "jumped and stays, or climbs, is a divergence at its regress_points-th point, or "
+        "when it stops falling")
     regress_lost: float = param(
         0.5, "... and has given back at least this fraction of what it had learnt (its "
         "first level minus its best): a loss near zero bouncing many-fold has lost nothing")
@@ -156,12 +169,16 @@ class Blowup:
     # them, not at one near a newer block (a loss that moved far and stays is no recovery)
     level: float = math.nan
     scale: float = math.nan
+    stayed: bool = False  # blown up for recover_points, and not coming back down then
+    peak: float = 0.0  # the farthest of its finite points from the level, until it stayed
+    tail: list[float] = field(default_factory=list)  # their latest distances, until then
 
     @property
     def end(self) -> int:
         return self.start + self.length
 
-    def add(self, bad: list[bool]) -> None:
+    def add(self, bad: list[bool], values: list[float], p: DivergenceParams) -> None:
+        """The next points: ``bad`` where non-finite, ``values`` as logged."""
         for i, b in enumerate(bad):
             if b:
                 if self.nan_at is None:
@@ -170,12 +187,25 @@ class Blowup:
                 self.worst_bad = max(self.worst_bad, self.bad_now)
             else:
                 self.bad_now = 0
+            if self.stayed:
+                continue
+            if not b:
+                x = values[i]
+                d = abs(x - self.level) if math.isfinite(self.level) else abs(x)
+                self.peak = max(self.peak, d)
+                self.tail.append(d)
+                if len(self.tail) > BACK_POINTS:
+                    del self.tail[0]
+            if (n := self.length + i + 1) >= p.recover_points and not falling_back(
+                    self.tail, self.peak, p.regress_back, n):
+                self.stayed, self.tail = True, []
         self.length += len(bad)
 
     def sustained(self, p: DivergenceParams) -> bool:
         """A divergence rather than a spike: non-finite ``nan_points`` in a row, or blown
-        up for ``recover_points``."""
-        return self.worst_bad >= p.nan_points or self.length >= p.recover_points
+        up for ``recover_points`` and not still coming back down then (``regress_back``:
+        a loss that jumped 1,000-fold and fell back over 14 points was a spike)."""
+        return self.worst_bad >= p.nan_points or self.stayed
 
     def what(self) -> str:
         return "diverged" if self.worst_bad else "blew up and stayed up"
@@ -323,7 +353,7 @@ class Blowups(Track):
                 self.open = Blowup(n0 + i, level=lv, scale=sc)
             c = self.open
             k = self._back(c, values, far, n0, i, self.limit, p)
-            c.add(bad[i:k])
+            c.add(bad[i:k], values[n0 + i:n0 + k].tolist(), p)
             if k == m:
                 return
             self.pending.append(c)
@@ -389,6 +419,29 @@ class _RunningMedian:
         if at < 0:
             return self.value
         return heapq.nsmallest(at + 1, self.high)[-1] if at < len(self.high) else math.inf
+
+
+def _grow(c: Climb, values: list[float], records: list[int], p: DivergenceParams) -> None:
+    """``c`` gains the points ``values`` (records ``records``); it becomes a divergence
+    at the first of them that gives it ``regress_points`` points while it is not coming
+    back down (``regress_back``)."""
+    if c.ready:
+        c.length += len(values)
+        return
+    keep = max(p.regress_points, BACK_POINTS)
+    for j, x in enumerate(values):
+        c.length += 1
+        c.peak = max(c.peak, x)
+        c.tail.append(x)
+        if len(c.tail) > keep:
+            del c.tail[0]
+        if c.length >= p.regress_points and not falling_back(c.tail, c.peak, p.regress_back,
+                                                             c.length):
+            c.ready_at = records[j]
+            c.head = c.tail[-p.regress_points:]
+            c.length += len(values) - j - 1
+            c.tail = []
+            return
 
 
 class Climbs(Track):
@@ -476,15 +529,13 @@ class Climbs(Track):
         if high:
             if c is None:
                 c = self.open = Climb(self.nf, at, best, [], (self.first_wide, self.best_wide))
-            if len(c.head) < p.regress_points:
-                c.head.append(x)
-            c.length += 1
+            _grow(c, [x], [at], p)
         elif c is not None:
             self._close(c, at, p)
 
     def _close(self, c: Climb, back: int, p: DivergenceParams) -> None:
         c.back = back
-        if c.length >= p.regress_points:
+        if c.ready:
             self.pending.append(c)
         self.open = None
 
@@ -533,8 +584,7 @@ class Climbs(Track):
                 c = self.open = Climb(self.nf + start, int(at[start]), float(best[start]), [],
                                        (first_wide if np.isfinite(wide[start]) else math.nan,
                                         float(wide[start])))
-            c.head += v[start:start + p.regress_points - len(c.head)].tolist()
-            c.length += length
+            _grow(c, v[start:start + length].tolist(), at[start:start + length].tolist(), p)
             if start + length < m:
                 self._close(c, int(at[start + length]), p)
         self.zeros.many(v, at, self.nf, self.first, p)
@@ -637,7 +687,7 @@ class Climbs(Track):
         if self.nf < 3 + p.regress_points or self.low <= 0:
             return None  # too short, or no floor to measure a ratio against
         going = self.pending[:1] + self.shifts.pending[:1]
-        if self.open is not None and self.open.length >= p.regress_points:
+        if self.open is not None and self.open.ready:
             going.append(self.open)
         if (shift := self.shifts.open) is not None and shift.ready:
             going.append(shift)
