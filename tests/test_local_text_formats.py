@@ -20,7 +20,7 @@ import pytest
 from trainguard.adapters.local import load_run
 from trainguard.adapters.local.definitions import MetricDefinition
 from trainguard.checker import Policy, evaluate
-from trainguard.checker.model import Job
+from trainguard.checker.model import Job, Severity
 
 
 def _read(tmp_path: Path, text: str, name: str = "train.log") -> Job:
@@ -481,3 +481,19 @@ def test_whole_epochs_shared_by_a_loops_batches_are_not_spread(tmp_path: Path) -
     job = _read(tmp_path, "".join(f"Epoch: {e}, Batch: {b}, Loss: {2.0 - e / 10:.3f}\n"
                                   for e in range(1, 6) for b in range(0, 50, 10)))
     assert job.series["loss"].step.tolist() == [float(e) for e in range(1, 6) for _ in range(5)]
+
+
+def test_a_keras_running_mean_gone_nan_is_a_record_before_the_epoch_ends(
+        tmp_path: Path) -> None:
+    """Keras's progress bar part-way through a 4-hour epoch: its running means are no
+    records, but one that is NaN says a batch was (and the epoch's mean will be): that
+    is read, so the divergence is found without waiting for the epoch's end."""
+    bar = "[==>...........................]"
+    lines = ["Epoch 1/10\n"] + [
+        f"   {b}/1000 {bar} - ETA: 4:13:02 - loss: {0.9 - b / 100:.4f}\n" for b in range(1, 7)
+    ] + [f"   {b}/1000 {bar} - ETA: 4:10:00 - loss: nan - rpn_loss: nan\n" for b in range(7, 14)]
+    job = _read(tmp_path, "".join(lines))
+    loss = job.series["loss"]
+    assert len(loss) == 7 and np.isnan(loss.value).all()  # the finite means are no records
+    found = evaluate([job], Policy(), 0.0)
+    assert any(f.rule == "divergence" and f.severity is Severity.CRITICAL for f in found)

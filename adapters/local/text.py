@@ -130,11 +130,17 @@ class TextReader(Reader):
                     line = _ANSI.sub("", line)
                 if "\x08" in line:  # a line written over with backspaces: what is left
                     line = line[line.rfind("\x08") + 1:]
-                matched = False
+                matched = running = False
                 head = line.lstrip(" \t")[:1]
                 if head.isdigit() and (keras := keras_epoch(line, epochs > 0)) is not None:
                     if keras < 0:
-                        continue  # a running mean part-way through the epoch
+                        # a running mean part-way through the epoch: no record, but one
+                        # that is NaN or inf says a batch was, and the epoch's mean will
+                        # be (an epoch of 4 hours need not be waited for)
+                        lowered = line.lower()
+                        if "nan" not in lowered and "inf" not in lowered:
+                            continue
+                        running = True
                     if not timed:  # the epoch's duration: the clock (``keras_clock``)
                         durations.append(keras if keras > 0 else 0.0)
                         if keras > 0:
@@ -182,6 +188,8 @@ class TextReader(Reader):
                                           "as a number", lineno) from None
                     hit = gid
                     matched = True
+                    if running and (role != METRIC or math.isfinite(value)):
+                        continue  # of a running mean, only its non-finite values
                     if role == TIME:
                         elapsed = clock(value)
                         timed = True
@@ -202,7 +210,7 @@ class TextReader(Reader):
                     walls(wall)
                     elapses(elapsed)
                     rows(lineno)
-                if not matched:
+                if not matched and not running:
                     text = line.rstrip("\r\n")
                     if text.strip():
                         log(text, step, wall, elapsed, lineno)
