@@ -138,3 +138,19 @@ def test_a_hinge_loss_near_its_floor_is_no_blow_up() -> None:
              if h.rule == "divergence" and h.worst is Severity.CRITICAL]
     assert fired and fired[0].first.step is not None
     assert 3_000 <= fired[0].first.step <= 3_010
+
+
+def test_a_loss_exactly_zero_from_its_second_record_is_critical() -> None:
+    """A LoRA fine-tune logging 1.0778, then 0.0 with grad_norm nan from its second record
+    on (a blind set's MiniCPM-V run): the one point before the zeros is their level."""
+    loss = np.array([1.0778] + [0.0] * 10)
+    assert [s for s, _ in divergence(job_of(loss[:5]))] != [Severity.CRITICAL]  # 4 zeros
+    found = divergence(job_of(loss))
+    assert found and found[0][0] is Severity.CRITICAL
+    assert "dropped to exactly 0 from 1.078" in found[0][1]
+
+
+def test_a_loss_exactly_zero_from_its_first_record_is_no_collapse() -> None:
+    """Zeros from the first record have no level before them (``plateau`` calls such a
+    loss not learning, every label masked)."""
+    assert [s for s, _ in divergence(job_of(np.zeros(12)))] != [Severity.CRITICAL]

@@ -9,7 +9,8 @@ through values far below its first level (under ``collapse_fraction`` of it) and
 logged to a few decimals, comes down to within a few units of its last digit before its
 first 0.0. A triplet or hinge loss at zero meets its margins a batch at a time, so zeros
 appear among its points before any long run of them: a run of zeros is judged only where
-none of the ``_RECENT`` points before it was zero (a lone 0.0 logged long before, a
+none of the ``_RECENT`` points before it was zero (from the second point on: one point
+logged before the zeros is their level) (a lone 0.0 logged long before, a
 rounding or a glitch, hides nothing). It is a divergence once ``recover_points`` points
 in a row are exactly zero; it has recovered once ``recover_points`` points after it are
 not.
@@ -113,9 +114,13 @@ class Zeros:
     def _open(recent: list[float], nf: int, at: int, first: float, negative: bool,
               p: ZeroParams) -> Collapse:
         level = float(np.median(recent[-3:])) if recent else math.nan
-        judged = (nf >= 3 and not negative and math.isfinite(first) and level > 0
+        # the first level, or the first point where zeros come before the first level is
+        # known (a fine-tune logging 1.0778, then 0.0 with grad_norm nan from its second
+        # record on); the recent points then are all the points read
+        start = first if math.isfinite(first) else recent[0] if recent else math.nan
+        judged = (nf >= 1 and not negative and math.isfinite(start) and level > 0
                   and 0.0 not in recent
-                  and level >= p.collapse_fraction * first
+                  and level >= p.collapse_fraction * start
                   and level >= _UNITS * resolution(recent))
         return Collapse(nf, at, level, judged, length=1)
 
