@@ -79,6 +79,17 @@ from trainguard.checker.stats import (
 
 #: Latest records the logging resolution is read from (4 decimals in Hugging Face logs).
 _QUANTUM_POINTS = 64
+#: A loss constant to its last digit is judged where it has this many units of it at least.
+_UNITS = 100
+#: A log whose first record is this many logging intervals into the run begins late.
+_LATE_INTERVALS = 20
+#: Values within this share of each other are one value: a float32 loss averaged over
+#: an epoch differs in its last bits (11.090352058 and 11.090352178, a collapsed DINO run).
+_SAME = 1e-6
+#: Values in a row that, logged again in the same order, say the model did not change ...
+_REPEAT = 6
+#: ... where each has this many units of the last logged digit at least (4 digits).
+_UNITS_REPEAT = 1000
 
 
 @dataclass
@@ -269,8 +280,15 @@ class Plateau(Rule):
         # A loss logged to 4 decimals near 0.0002 moves by whole units of 0.0001: a change
         # under one unit is all the window can be confident of (the whole run's test not).
         quantum = resolution(raw.value[-_QUANTUM_POINTS:])
-        win = self._flat(x[lo:], v[lo:], sign, quantum=quantum)
         late = on_steps and self._begins_late(x)
+        # a log begun many logging intervals into the run, not merely one whose first
+        # record comes after its first few steps (a tqdm postfix printing the loss logged
+        # at step 10 again at steps 11, 12, ... stands still until step 20)
+        far_in = late and len(x) > 1 and x[0] >= _LATE_INTERVALS * float(np.median(np.diff(x)))
+        if mode == "min" and (still := self._unchanged(job, s, raw, v, idx, lo, quantum,
+                                                      far_in)):
+            return [still]
+        win = self._flat(x[lo:], v[lo:], sign, quantum=quantum)
         if win is None or not win[0]:
             if late:
                 return []
@@ -297,6 +315,47 @@ class Plateau(Rule):
             return never
         return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level, mode,
                                 quantum)]
+
+    def _unchanged(self, job: Job, s: Series, raw: Series, v: FloatArray, idx: np.ndarray,
+                   lo: int, quantum: float, late: bool) -> Finding | None:
+        """*Not learning* for a loss whose model is not changing: in a log that begins far
+        into training (``late``: ``_LATE_INTERVALS`` logging intervals at least, where the
+        tests below call it converged at most), the same
+        value, to all its logged digits (or ``_SAME``), at every point of its window
+        (``min_points`` at least, ``_UNITS`` units of its last digit: a loss printed to 2
+        decimals at 0.69 has 69); in any log, its latest ``_REPEAT`` values the very
+        sequence it logged before, spanning ``_UNITS`` units (the same batches through the
+        same weights: no optimiser step). Learning, or a run converged, moves a loss in its
+        last digits from point to point. A log that prints its last loss again at every
+        progress update (a tqdm postfix) stands still for a while near its start, which
+        the flatness tests below judge on their margins."""
+        window = v[lo:]
+        level = abs(float(window[0]))
+        if late and len(window) >= self.params.min_points and level > 0 \
+                and level >= _UNITS * quantum \
+                and bool((np.abs(window - window[0]) <= _SAME * level).all()):
+            return self._finding(
+                job, s, int(idx[lo]), Severity.WARNING, "flat",
+                f"{s.name} is {window[0]:.10g} at all {len(window)} points of its later half, "
+                "to its last logged digit or to a part in a million: the model is not "
+                "changing (collapsed to one output, or no optimiser step?): not learning",
+                {"points": len(window), "value": float(window[0]), "unchanged": True})
+        found = _repeated(raw.value[-self.params.max_points:], quantum)
+        if found is None:
+            return None
+        before, latest = found
+        n = len(raw) - min(len(raw), self.params.max_points)
+        a, b = raw.step[n + before], raw.step[n + latest]
+        where = (f"steps {a:g}-{raw.step[n + before + _REPEAT - 1]:g} and again at "
+                 f"{b:g}-{raw.step[n + latest + _REPEAT - 1]:g}"
+                 if np.isfinite(a) and np.isfinite(b) else "records apart")
+        return self._finding(
+            job, s, int(np.flatnonzero(np.isfinite(s.value))[0]), Severity.WARNING, "flat",
+            f"{s.name} logged the same {_REPEAT} values in the same order at {where}: the "
+            "same batches through the same weights, so the model is not changing (a "
+            "learning rate of 0, frozen weights, or an optimiser that never steps?): not "
+            "learning",
+            {"points": _REPEAT, "repeated": True})
 
     def _rl(self, s: Series, policy: Policy) -> bool:
         """Whether ``s`` is an RL run's reward, the objective chosen when the policy names
@@ -789,6 +848,31 @@ def _axis(job: Job, s: Series, by_time: bool = False) -> FloatArray:
     if len(t) and (np.diff(t) >= 0).all() and t[-1] > t[0]:
         return t
     return np.arange(len(s), dtype=float)
+
+
+def _repeated(values: FloatArray, quantum: float) -> tuple[int, int] | None:
+    """(where, latest): the indices of an earlier stretch of ``_REPEAT`` values equal, in
+    order, to the latest ``_REPEAT`` ones and not overlapping them, where those are finite,
+    span ``_UNITS`` units of the last logged digit (``quantum``; a part in a million
+    where it has none) and are each ``_UNITS_REPEAT`` units at least; else None."""
+    k = _REPEAT
+    n = len(values)
+    if n < 2 * k:
+        return None
+    last = values[-k:]
+    if not np.isfinite(last).all():
+        return None
+    # a converged loss moving in its last two digits repeats short stretches by chance
+    span = float(np.ptp(last))
+    if span < (_UNITS * quantum if quantum > 0 else _SAME * float(np.max(np.abs(last)))):
+        return None
+    if quantum > 0 and float(np.min(np.abs(last))) < _UNITS_REPEAT * quantum:
+        return None
+    hits = np.flatnonzero(values[: n - 2 * k + 1] == last[0])
+    for h in hits.tolist():
+        if np.array_equal(values[h:h + k], last):
+            return h, n - k
+    return None
 
 
 def _median_gap_se(sigma: float, a: int, b: int) -> float:
