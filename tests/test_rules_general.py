@@ -809,3 +809,24 @@ def test_a_spike_on_the_first_few_evaluations_is_not_a_plateau() -> None:
     assert judged(job_of({"val_loss": (steps, climb)}), "plateau") == []
     (div,) = judged(job_of({"val_loss": (steps, climb)}), "divergence")
     assert div.severity is Severity.CRITICAL
+
+
+def test_a_held_out_loss_swinging_with_a_training_loss_that_barely_moves_is_no_overfit(
+) -> None:
+    """A linear evaluation at a high learning rate: its training loss swings 4-25 from
+    epoch to epoch and ends 1.5 % lower, its held-out loss swings with it to 3 x its
+    best. Not learning the training set better is no overfitting; the same held-out
+    climb beside a training loss falling beyond its scatter is."""
+    rng = np.random.default_rng(7)
+    n = 120
+    steps = np.arange(n, dtype=float)
+    train = np.clip(12.0 + 6.0 * rng.standard_normal(n), 4.0, 25.0)
+    val = np.concatenate([np.linspace(20.0, 5.0, 40), 5.0 + np.linspace(0.0, 12.0, 80)])
+    val = val * (1 + 0.05 * rng.standard_normal(n))
+    train[-3:] = np.median(train[38:41]) * 0.985  # 1.5 % below where the best was
+    job = job_of({"loss": (steps, train), "val_loss": (steps, val)})
+    assert judged(job, "overfit") == []
+    falling = np.linspace(12.0, 3.0, n) * (1 + 0.02 * rng.standard_normal(n))
+    job = job_of({"loss": (steps, falling), "val_loss": (steps, val)})
+    (f,) = judged(job, "overfit")
+    assert f.severity is Severity.WARNING

@@ -32,9 +32,14 @@ from trainguard.checker.model import Finding, FloatArray, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.seen import Track, tracked
-from trainguard.checker.stats import median, rolling_median3, trend_z
+from trainguard.checker.stats import diff_sigma, median, rolling_median3, trend_z
 
 _TREND = 64  # the most evaluations the trend test reads (it costs their square)
+#: The training loss has fallen when its level is lower by this share of its points'
+#: scatter: a loss swinging 4-25 at a high learning rate, 1.5 % lower, has not (a SwAV
+#: linear evaluation whose held-out loss swung with it was warned overfitting).
+_FELL = 0.25
+_SCATTER = 1024  # the latest training points that scatter is read from
 
 
 @dataclass
@@ -274,7 +279,9 @@ def _next_finite(s: Series, at: int) -> int | None:
 def _train_fell(train: Series, step: float, time: float,
                 all_finite: bool) -> tuple[float, float] | None:
     """(training level around the best evaluation, training level now) when it is lower
-    now; None when it is not, or there is too little to tell."""
+    now by more than ``_FELL`` of the scatter of its points since (first differences, of
+    the latest ``_SCATTER`` at most);
+    None when it is not, or there is too little to tell."""
     t, s, v = train.time, train.step, train.value
     if not all_finite:  # judged on its finite values (all of them: a rare case)
         ok = np.isfinite(train.value)
@@ -289,6 +296,6 @@ def _train_fell(train: Series, step: float, time: float,
         return None
     then = median(v[max(at - 1, 0): at + 2])
     now = median(v[-3:])
-    if not now < then:
+    if not then - now > _FELL * diff_sigma(v[max(at, len(v) - _SCATTER):]):
         return None
     return then, now
