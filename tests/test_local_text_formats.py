@@ -497,3 +497,21 @@ def test_a_keras_running_mean_gone_nan_is_a_record_before_the_epoch_ends(
     assert len(loss) == 7 and np.isnan(loss.value).all()  # the finite means are no records
     found = evaluate([job], Policy(), 0.0)
     assert any(f.rule == "divergence" and f.severity is Severity.CRITICAL for f in found)
+
+
+def test_a_keras_running_mean_gone_nan_keeps_the_epochs_clock(tmp_path: Path) -> None:
+    """The NaN running mean is a record, not an epoch's end: the epochs' printed
+    durations stay the clock (a running line once counted as an epoch of 0 s and the log
+    lost its clock)."""
+    bar, done = "[==>...........................]", "[==============================]"
+    text = ("Epoch 1/10\n"
+            f"   5/100 {bar} - ETA: 20s - loss: 0.9000\n"
+            f"100/100 {done} - 21s 210ms/step - loss: 0.7000\n"
+            "Epoch 2/10\n"
+            f"   5/100 {bar} - ETA: 20s - loss: 0.6500\n"
+            f"   6/100 {bar} - ETA: 20s - loss: nan\n"
+            f"   7/100 {bar} - ETA: 20s - loss: nan\n")
+    job = _read(tmp_path, text)
+    loss = job.series["loss"]
+    assert loss.value[0] == 0.7 and np.isnan(loss.value[1:]).all()
+    assert job.clock != "step" and loss.time[0] > 0  # the first epoch's 21 s

@@ -141,7 +141,7 @@ class TextReader(Reader):
                         if "nan" not in lowered and "inf" not in lowered:
                             continue
                         running = True
-                    if not timed:  # the epoch's duration: the clock (``keras_clock``)
+                    elif not timed:  # the epoch's duration: the clock (``keras_clock``)
                         durations.append(keras if keras > 0 else 0.0)
                         if keras > 0:
                             elapsed = (0.0 if math.isnan(elapsed) else elapsed) + keras

@@ -9,9 +9,9 @@ through values far below its first level (under ``collapse_fraction`` of it) and
 logged to a few decimals, comes down to within a few units of its last digit before its
 first 0.0. A triplet or hinge loss at zero meets its margins a batch at a time, so zeros
 appear among its points before any long run of them: a run of zeros is judged only where
-none of the ``_RECENT`` points before it was zero (from the second point on: one point
-logged before the zeros is their level) (a lone 0.0 logged long before, a
-rounding or a glitch, hides nothing). It is a divergence once ``recover_points`` points
+none of the ``_RECENT`` points before it was zero (a lone 0.0 logged long before, a
+rounding or a glitch, hides nothing), from the second point on (one point logged before
+the zeros is their level). It is a divergence once ``recover_points`` points
 in a row are exactly zero; it has recovered once ``recover_points`` points after it are
 not.
 """

@@ -318,17 +318,16 @@ class Plateau(Rule):
 
     def _unchanged(self, job: Job, s: Series, raw: Series, v: FloatArray, idx: np.ndarray,
                    lo: int, quantum: float, late: bool) -> Finding | None:
-        """*Not learning* for a loss whose model is not changing: in a log that begins far
+        """*Not learning* for a loss whose model is not changing. In a log that begins far
         into training (``late``: ``_LATE_INTERVALS`` logging intervals at least, where the
-        tests below call it converged at most), the same
-        value, to all its logged digits (or ``_SAME``), at every point of its window
-        (``min_points`` at least, ``_UNITS`` units of its last digit: a loss printed to 2
-        decimals at 0.69 has 69); in any log, its latest ``_REPEAT`` values the very
-        sequence it logged before, spanning ``_UNITS`` units (the same batches through the
-        same weights: no optimiser step). Learning, or a run converged, moves a loss in its
-        last digits from point to point. A log that prints its last loss again at every
-        progress update (a tqdm postfix) stands still for a while near its start, which
-        the flatness tests below judge on their margins."""
+        tests below call it converged at most): one value, to all its logged digits (or
+        ``_SAME``), at every point of its window (``min_points`` at least, ``_UNITS``
+        units of its last digit: a loss printed to 2 decimals at 0.69 has 69). In any log:
+        its latest ``_REPEAT`` values the very sequence it logged before (``_repeated``:
+        the same batches through the same weights, no optimiser step). Learning, or a run
+        converged, moves a loss in its last digits from point to point. A log that prints
+        its last loss again at every progress update (a tqdm postfix) stands still for a
+        while near its start, which the flatness tests below judge on their margins."""
         window = v[lo:]
         level = abs(float(window[0]))
         if late and len(window) >= self.params.min_points and level > 0 \
