@@ -83,3 +83,17 @@ def test_a_healthy_run_is_not_warned() -> None:
     steps = np.arange(1, 41, dtype=float)
     loss = 0.5 + 2.0 / np.sqrt(steps)
     assert [f for f in _judge(_job(loss, loss * 0.9)) if f.severity.value != "info"] == []
+
+
+def test_a_run_worse_over_its_first_few_points_is_not_yet_warned() -> None:
+    """Five epochs worse than the first (a regression loss up 2.4 % before it learnt over
+    150 epochs; a detector's loss up over its warm-up): moving, not stuck, and weak
+    evidence on fewer than twice ``min_points``; the same shape on 10 points and more is
+    a run that never improved."""
+    early = np.array([3.867, 3.884, 3.916, 3.979, 3.960])
+    assert [f for f in _judge(_job(early, None)) if f.severity.name == "WARNING"] == []
+    assert [f for f in _judge(_job(early[:5] + 0.0, early + 0.001)) if
+            f.severity.name == "WARNING"] == []
+    worse = np.r_[2.5, np.full(11, 3.5) + np.random.default_rng(1).uniform(-0.1, 0.1, 11)]
+    (f,) = _judge(_job(worse, None))
+    assert f.severity.name == "WARNING" and "never improved on its first value" in f.message

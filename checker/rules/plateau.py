@@ -299,8 +299,9 @@ class Plateau(Rule):
             return [self._converged(job, s, int(idx[lo]), v, idx, improvement, se, level,
                                     mode, quantum, begins=float(x[0]))]
         whole = self._flat(x, v, sign, learnt=True)
-        if whole is not None and whole[0] and not self._learnt_first(v, lo, sign) \
-                and not self._training_learnt(job, ctx, s):
+        if whole is not None and whole[0] and not self._early_worse(v, whole[1], level,
+                                                                   quantum) \
+                and not self._learnt_first(v, lo, sign) and not self._training_learnt(job, ctx, s):
             _, run_improvement, _, _ = whole
             return [self._finding(
                 job, s, int(idx[0]), Severity.WARNING, "flat",
@@ -508,6 +509,16 @@ class Plateau(Rule):
              "best_since": best, "level": level, "never_improved": True,
              "held_out": s.name, "metric_judged": train.name})]
 
+    def _early_worse(self, v: FloatArray, improvement: float, level: float,
+                     quantum: float = 0.0) -> bool:
+        """A run of fewer than twice ``min_points`` points that got worse by more than
+        ``min_rel_improvement`` of its level: moving, not stuck, so weak evidence of not
+        learning (a regression loss worse by 2.4 % over its first 5 of 150 epochs, a
+        detector's box loss up over its warm-up); its later points tell."""
+        p: PlateauParams = self.params
+        return len(v) < 2 * p.min_points and improvement < -max(
+            p.min_rel_improvement * level, quantum)
+
     def _never_improved(self, v: FloatArray, sign: float
                         ) -> tuple[float, float, float] | None:
         """(improvement, best since, level) when no later level (median of three) was ever
@@ -526,7 +537,8 @@ class Plateau(Rule):
             return None
         se = diff_sigma(v)
         margin = self._t(len(v)) * se
-        if improvement + margin < p.min_rel_improvement * level:
+        if improvement + margin < p.min_rel_improvement * level \
+                and not self._early_worse(v, improvement, level):
             return improvement, best, level
         return None
 
