@@ -98,3 +98,13 @@ def test_a_log_whose_first_record_comes_a_few_steps_in_is_not_late() -> None:
     """The first logged loss at step 10, printed again at steps 11-14 by a progress bar:
     not a log begun far into training, so not judged by its standing still."""
     assert not any(f.evidence.get("unchanged") for f in _judge(_job([6.053] * 5, first=10)))
+
+
+def test_a_loss_at_one_value_to_fourteen_digits_is_not_learning_however_early() -> None:
+    """A trajectory model's training loss at 46.05170378351126 for every epoch from 16 on
+    (its validation loss NaN; the eighth blind set): no progress bar reprints a loss to
+    14 digits, so a log that begins 16 epochs in is judged, where 6.053 reprinted from
+    step 10 is not."""
+    found = _judge(_job([46.05170378351126] * 10, first=16))
+    assert _unchanged(found) and "46.05170378" in found[0].message
+    assert not any(f.evidence.get("unchanged") for f in _judge(_job([6.053] * 10, first=10)))

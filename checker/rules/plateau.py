@@ -86,6 +86,9 @@ _LATE_INTERVALS = 20
 #: Values within this share of each other are one value: a float32 loss averaged over
 #: an epoch differs in its last bits (11.090352058 and 11.090352178, a collapsed DINO run).
 _SAME = 1e-6
+#: A loss whose logged resolution is this share of its level or less is printed to 6
+#: significant digits or more (a progress bar rounds to 3 or 4).
+_PRECISE = 1e-5
 #: Values in a row that, logged again in the same order, say the model did not change ...
 _REPEAT = 6
 #: ... where each has this many units of the last logged digit at least (4 digits).
@@ -321,9 +324,10 @@ class Plateau(Rule):
                    lo: int, quantum: float, late: bool) -> Finding | None:
         """*Not learning* for a loss whose model is not changing. In a log that begins far
         into training (``late``: ``_LATE_INTERVALS`` logging intervals at least, where the
-        tests below call it converged at most): one value, to all its logged digits (or
-        ``_SAME``), at every point of its window (``min_points`` at least, ``_UNITS``
-        units of its last digit: a loss printed to 2 decimals at 0.69 has 69). In any log:
+        tests below call it converged at most), or printed to 6 significant digits or
+        more (``_PRECISE``): one value, to all its logged digits (or ``_SAME``), at every
+        point of its window (``min_points`` at least, ``_UNITS`` units of its last digit:
+        a loss printed to 2 decimals at 0.69 has 69). In any log:
         its latest ``_REPEAT`` values the very sequence it logged before (``_repeated``:
         the same batches through the same weights, no optimiser step). Learning, or a run
         converged, moves a loss in its last digits from point to point. A log that prints
@@ -331,7 +335,10 @@ class Plateau(Rule):
         while near its start, which the flatness tests below judge on their margins."""
         window = v[lo:]
         level = abs(float(window[0]))
-        if late and len(window) >= self.params.min_points and level > 0 \
+        # printed to 6 significant digits or more, one value is no progress bar's reprint
+        # of a rounded loss: a log that begins earlier is judged too
+        precise = quantum <= _PRECISE * level
+        if (late or precise) and len(window) >= self.params.min_points and level > 0 \
                 and level >= _UNITS * quantum \
                 and bool((np.abs(window - window[0]) <= _SAME * level).all()):
             return self._finding(
