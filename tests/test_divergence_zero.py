@@ -154,3 +154,44 @@ def test_a_loss_exactly_zero_from_its_first_record_is_no_collapse() -> None:
     """Zeros from the first record have no level before them (``plateau`` calls such a
     loss not learning, every label masked)."""
     assert [s for s, _ in divergence(job_of(np.zeros(12)))] != [Severity.CRITICAL]
+
+
+def _with_norm(loss: np.ndarray, norm: np.ndarray) -> Job:
+    job = job_of(loss)
+    s = job.series["loss"]
+    job.series["grad_norm"] = Series("grad_norm", s.time, s.step, norm)
+    return job
+
+
+def test_a_loss_zero_from_its_first_record_with_a_nan_gradient_is_critical() -> None:
+    """A fine-tune logging loss 0.0 with grad_norm nan from its first record (an issue
+    thread's Pink run): no level before the zeros, but a gradient that is not finite at 5
+    records in a row while the loss is 0 is a divergence. Followed record by record, the
+    finding is the fresh judgement's at every tick; a finite norm again ends it."""
+    from tests.test_divergence_follow import follow_and_compare
+
+    n = 14
+    job = _with_norm(np.zeros(n), np.full(n, math.nan))
+    found = divergence(job)
+    assert found and found[0][0] is Severity.CRITICAL
+    assert "exactly 0 with grad_norm not finite for 5 records" in found[0][1]
+    assert divergence(_with_norm(np.zeros(4), np.full(4, math.nan))) == []
+    times = job.series["loss"].time
+    assert follow_and_compare(job, times) > 0
+    back = _with_norm(np.r_[np.zeros(8), np.full(6, 0.7)],
+                      np.r_[np.full(8, math.nan), np.full(6, 1.2)])
+    assert follow_and_compare(back, back.series["loss"].time) > 0
+    assert [s for s, _ in divergence(back)] != [Severity.CRITICAL]
+
+
+def test_nan_gradient_norms_beside_a_finite_loss_are_no_divergence() -> None:
+    """fp16's loss scaler skips steps with NaN norms while it finds its scale (5 or more
+    in a row at a run's start) and now and then later: the loss is finite all along."""
+    loss = fine_tune(60)
+    norm = np.full(60, 2.5)
+    norm[:7] = math.nan
+    norm[30:32] = math.inf
+    job = _with_norm(loss, norm)
+    assert [s for s, _ in divergence(job)] != [Severity.CRITICAL]
+    from tests.test_divergence_follow import follow_and_compare
+    follow_and_compare(job, job.series["loss"].time)

@@ -53,7 +53,7 @@ from trainguard.checker.metrics import objective as objective_of
 from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule
-from trainguard.checker.rules.divergence_dead import Dead
+from trainguard.checker.rules.divergence_dead import Dead, nan_gradient, nan_gradient_bands
 from trainguard.checker.rules.divergence_shift import Shifted
 from trainguard.checker.rules.divergence_state import (
     Before,
@@ -114,6 +114,13 @@ class Divergence(Rule):
                 if (f := self._dead(job, objective, g, dead, climbs)) is not None:
                     found.append(f)
                 bands = _add(bands, g.name, dead.band(p))
+                nan = self._nan_gradient(job, objective, g, climbs)
+                if nan is not None:
+                    found.append(nan)
+                norm_band, objective_band = nan_gradient_bands(g, nan is not None)
+                bands = _add(bands, g.name, norm_band)
+                if objective_band is not None and bands is not None:
+                    bands = _add(bands, objective.name, objective_band)
         if train is not None and train is not objective:
             # only whether its last value is finite is read
             bands = _add(bands, train.name, Band(math.inf, -_MAX, _MAX)
@@ -243,6 +250,21 @@ class Divergence(Rule):
         back = min(int(np.searchsorted(s.time, g.time[d.back], side="left")), len(s) - 1)
         f = self._recovered(job, s, climbs, d.at, back, None, what, False)
         f.evidence.update(evidence, kind="recovered")
+        return f
+
+    def _nan_gradient(self, job: Job, s: Series, g: Series, climbs: Climbs) -> Finding | None:
+        """The objective exactly 0 while the gradient norm is not finite, for
+        ``recover_points`` norms in a row (``divergence_dead.nan_gradient``)."""
+        p: DivergenceParams = self.params
+        found = nan_gradient(g, s, p.recover_points)
+        if found is None:
+            return None
+        at, _ = found  # its length grows while the finding stands: said as the threshold
+        f = self._finding(job, s, climbs, at, None, Severity.CRITICAL,
+                          f"is exactly 0 with {g.name} not finite for {p.recover_points} "
+                          "records in a row: the gradients overflow (fp16?) and nothing is "
+                          "learnt")
+        f.evidence.update(kind="nan_gradient", grad_metric=g.name)
         return f
 
     def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,

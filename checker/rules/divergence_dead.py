@@ -152,3 +152,34 @@ def _best(v: FloatArray) -> float:
     """The lowest level (median of three finite values) of ``v``."""
     v = v[np.isfinite(v)]
     return float(rolling_median3(v).min()) if len(v) >= 3 else math.nan
+
+
+def nan_gradient(g: Series, obj: Series, points: int) -> tuple[int, int] | None:
+    """(the objective's first record of it, its length in norms) of a stretch of at least
+    ``points`` non-finite gradient norms at the end of ``g`` over which the objective is
+    exactly 0 (or non-finite) at every record, with a 0 among them: a fine-tune logging
+    ``loss 0.0`` with ``grad_norm nan`` from its first record on (a Pink fine-tune in an
+    issue thread) has no level before its zeros for the collapse test, but its gradients
+    are not finite and nothing is learnt. None otherwise. Reads the tail only."""
+    v = g.value
+    if len(v) < points or np.isfinite(v[-points:]).any():
+        return None
+    finite = np.flatnonzero(np.isfinite(v))
+    start = int(finite[-1]) + 1 if len(finite) else 0
+    at = _at(g, obj, start, "left")
+    span = obj.value[at:]
+    if len(span) < points or not bool(((span == 0) | ~np.isfinite(span)).all()) \
+            or not bool((span == 0).any()):
+        return None
+    return min(at, len(obj) - 1), len(v) - start
+
+
+def nan_gradient_bands(g: Series, fired: bool) -> tuple[Band | None, Band | None]:
+    """(the norm's band, the objective's) for ``nan_gradient``: a non-finite norm may
+    begin a stretch (finite norms change nothing); while one goes on, every record counts
+    until it has fired, and then only a finite norm or an objective off 0 ends it."""
+    if len(g) == 0 or np.isfinite(g.value[-1]):
+        return Band(math.inf, -_MAX, _MAX, False), None
+    if not fired:
+        return None, None
+    return Band(math.inf, math.inf, -math.inf, True), Band(math.inf, 0.0, 0.0, True)
