@@ -26,6 +26,16 @@ PER_EPOCH = re.compile(r" - (\d+(?:\.\d*)?)(m?s)/epoch\b")  # TF's precise durat
 EPOCH_LINE = re.compile(r"[ \t]*Epoch[ \t]+(\d+)[ \t]*/[ \t]*(\d+)[ \t]*$")
 
 
+def line_epochs(run: RunBuilder, epoch_series: int) -> dict[int, float]:
+    """The epoch each line names (its first finite one), by line: a record is in its own
+    line's epoch, else in the last one named before it."""
+    out: dict[int, float] = {}
+    for v, r, k in zip(run.value, run.row, run.kind, strict=True):
+        if k == epoch_series and math.isfinite(v):
+            out.setdefault(r, v)
+    return out
+
+
 def steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
     """A step counter that starts again with each epoch ("Epoch 1 | Step 0/6501" after
     "Epoch 0 | Step 6500/6501": the batch of the epoch) made one that goes on: each
@@ -34,12 +44,10 @@ def steps_across_epochs(run: RunBuilder, epoch_series: int) -> None:
     and nowhere else: a run resumed from a checkpoint goes back in its epoch too, and is
     left to the sessions (``adapters/local/sessions.py``). The planned steps a counter
     printed ("/6501") were the epoch's, and are dropped."""
-    kinds, values, steps, rows = run.kind, run.value, run.step, run.row
+    kinds, steps, rows = run.kind, run.step, run.row
     if epoch_series not in kinds:
         return
-    # the epoch each record is in: its line's own, else the last one before it
-    on_line = {rows[i]: values[i] for i, k in enumerate(kinds)
-               if k == epoch_series and math.isfinite(values[i])}
+    on_line = line_epochs(run, epoch_series)
     if len(set(on_line.values())) < 2:
         return
     counted = [steps[i] for i, k in enumerate(kinds)
@@ -133,9 +141,7 @@ def epochs_as_steps(run: RunBuilder, epoch_series: int, planned: int) -> None:
     lines = {rows[i] for i, k in enumerate(kinds) if k >= 0 and k != epoch_series}
     if len({v for _, v in epochs}) < 2 or 2 * len({r for r, _ in epochs}) < len(lines):
         return
-    on_line: dict[int, float] = {}
-    for row, v in epochs:
-        on_line.setdefault(row, v)
+    on_line = line_epochs(run, epoch_series)
     first = epochs[0][1]
     at = first - 1 if planned > 0 and first > 1 else math.nan
     for i in range(len(kinds)):

@@ -50,8 +50,7 @@ class Climb:
     length: int = 0
     back: int | None = None  # the record of the finite point that ended it
     ready_at: int | None = None  # the record at which it became a divergence
-    peak: float = -math.inf  # its highest point while not yet one
-    tail: list[float] = field(default_factory=list)  # its latest points while not yet one
+    fall: Fall | None = None  # whether it is still coming back down, while not yet one
 
     @property
     def end(self) -> int:
@@ -71,22 +70,36 @@ class Shifted(Climb):
     ready_length: int = 0  # its length then: what its finding says, however long it goes on
 
 
-#: Points kept of a stretch to tell whether it is coming back down (``falling_back``).
-BACK_POINTS = 6
 #: A stretch still coming back down after this many points is no spike.
 LONGEST_SPIKE = 32
 
 
-def falling_back(tail: list[float], peak: float, factor: float, length: int) -> bool:
-    """Whether a stretch of ``length`` points, its latest ``tail`` (up to
-    ``BACK_POINTS``), is still coming back down from a spike: its latest level (a median
-    of its last 3 points) at most half its highest point ``peak`` and ``factor`` times
-    below the level of the (up to 3) points before those. Not standing or climbing; not
-    after ``LONGEST_SPIKE`` points. Needs 4 points."""
-    if len(tail) < 4 or length >= LONGEST_SPIKE:
-        return False
-    latest = float(np.median(tail[-3:]))
-    return latest <= 0.5 * peak and latest * factor <= float(np.median(tail[-6:-3]))
+@dataclass
+class Fall:
+    """A stretch's highest point and its latest ``keep`` points (6 at least), to tell
+    whether it is still coming back down from a spike (a climb, or a blow-up's distances
+    from its level)."""
+
+    keep: int = 6
+    peak: float = -math.inf
+    tail: list[float] = field(default_factory=list)
+
+    def add(self, x: float) -> None:
+        self.peak = max(self.peak, x)
+        self.tail.append(x)
+        if len(self.tail) > max(self.keep, 6):
+            del self.tail[0]
+
+    def coming_back(self, factor: float, length: int) -> bool:
+        """Whether the stretch, ``length`` points so far, is still coming back down: its
+        latest level (a median of its last 3 points) at most half its highest point and
+        ``factor`` times below the level of the (up to 3) points before those. Not
+        standing or climbing; not after ``LONGEST_SPIKE`` points. Needs 4 points."""
+        tail = self.tail
+        if len(tail) < 4 or length >= LONGEST_SPIKE:
+            return False
+        latest = float(np.median(tail[-3:]))
+        return latest <= 0.5 * self.peak and latest * factor <= float(np.median(tail[-6:-3]))
 
 
 class Shifts:

@@ -19,12 +19,7 @@ import numpy as np
 from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.rules.base import param
-from trainguard.checker.rules.divergence_shift import (
-    BACK_POINTS,
-    Climb,
-    Shifts,
-    falling_back,
-)
+from trainguard.checker.rules.divergence_shift import Climb, Fall, Shifts
 from trainguard.checker.rules.divergence_stuck import Stuck
 from trainguard.checker.rules.divergence_zero import Zeros
 from trainguard.checker.seen import SMALL, Track
@@ -170,8 +165,8 @@ class Blowup:
     level: float = math.nan
     scale: float = math.nan
     stayed: bool = False  # blown up for recover_points, and not coming back down then
-    peak: float = 0.0  # the farthest of its finite points from the level, until it stayed
-    tail: list[float] = field(default_factory=list)  # their latest distances, until then
+    # its finite points' distances from the level, until it stayed
+    fall: Fall | None = field(default_factory=Fall)
 
     @property
     def end(self) -> int:
@@ -187,18 +182,14 @@ class Blowup:
                 self.worst_bad = max(self.worst_bad, self.bad_now)
             else:
                 self.bad_now = 0
-            if self.stayed:
+            if (fall := self.fall) is None:  # it stayed: nothing more to tell
                 continue
             if not b:
                 x = values[i]
-                d = abs(x - self.level) if math.isfinite(self.level) else abs(x)
-                self.peak = max(self.peak, d)
-                self.tail.append(d)
-                if len(self.tail) > BACK_POINTS:
-                    del self.tail[0]
-            if (n := self.length + i + 1) >= p.recover_points and not falling_back(
-                    self.tail, self.peak, p.regress_back, n):
-                self.stayed, self.tail = True, []
+                fall.add(abs(x - self.level) if math.isfinite(self.level) else abs(x))
+            if (n := self.length + i + 1) >= p.recover_points and not fall.coming_back(
+                    p.regress_back, n):
+                self.stayed, self.fall = True, None
         self.length += len(bad)
 
     def sustained(self, p: DivergenceParams) -> bool:
@@ -428,19 +419,15 @@ def _grow(c: Climb, values: list[float], records: list[int], p: DivergenceParams
     if c.ready:
         c.length += len(values)
         return
-    keep = max(p.regress_points, BACK_POINTS)
+    fall = c.fall = c.fall or Fall(p.regress_points)
     for j, x in enumerate(values):
         c.length += 1
-        c.peak = max(c.peak, x)
-        c.tail.append(x)
-        if len(c.tail) > keep:
-            del c.tail[0]
-        if c.length >= p.regress_points and not falling_back(c.tail, c.peak, p.regress_back,
-                                                             c.length):
+        fall.add(x)
+        if c.length >= p.regress_points and not fall.coming_back(p.regress_back, c.length):
             c.ready_at = records[j]
-            c.head = c.tail[-p.regress_points:]
+            c.head = fall.tail[-p.regress_points:]
             c.length += len(values) - j - 1
-            c.tail = []
+            c.fall = None
             return
 
 

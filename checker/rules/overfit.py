@@ -280,8 +280,8 @@ def _train_fell(train: Series, step: float, time: float,
                 all_finite: bool) -> tuple[float, float] | None:
     """(training level around the best evaluation, training level now) when it is lower
     now by more than ``_FELL`` of the scatter of its points since (first differences, of
-    the latest ``_SCATTER`` at most);
-    None when it is not, or there is too little to tell."""
+    the latest ``_SCATTER`` at most); None when it is not, or there is too little to
+    tell."""
     t, s, v = train.time, train.step, train.value
     if not all_finite:  # judged on its finite values (all of them: a rare case)
         ok = np.isfinite(train.value)
