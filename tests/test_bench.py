@@ -269,13 +269,30 @@ def test_a_labels_file_without_the_required_columns(corpus: Path) -> None:
     assert _bench(corpus / "nope.csv").exit_code == 2
 
 
-def test_a_run_that_cannot_be_read_names_its_labels_line(corpus: Path) -> None:
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_run_that_cannot_be_read_names_its_labels_line(corpus: Path, jobs: str) -> None:
+    """One unreadable run (a bad line; a log with no record) stops no other: the rest are
+    judged and reported, the two are listed with their labels lines, and the exit code
+    says the input was bad."""
     (corpus / "broken.jsonl").write_text("{not json\n")
+    (corpus / "bar.log").write_text("  1/102 [....] - ETA: 19:24 - loss: 0.6917\n")
     labels = corpus / "labels.csv"
-    labels.write_text(HEADER + "flat.csv,flat,,loss\nbroken.jsonl,healthy,,loss\n")
-    result = _bench(labels, "--jobs", "2")
+    labels.write_text(HEADER + "flat.csv,flat,,loss\nbroken.jsonl,healthy,,loss\n"
+                      "bar.log,healthy,,loss\n")
+    result = _bench(labels, "--jobs", jobs, "--format", "json")
     assert result.exit_code == 2
-    assert f"{labels}:3: run 'broken.jsonl'" in result.output
+    assert f"trainguard: error: {labels}:3: run 'broken.jsonl': " in result.stderr
+    assert f"trainguard: error: {labels}:4: run 'bar.log': no records in it" in result.stderr
+    data = json.loads(result.stdout)
+    assert [c["run"] for c in data["runs_detail"]] == ["flat.csv"]
+    assert _head(data, "trainguard plateau")["recall"] == 1.0
+    assert [(n["run"], n["error"].split(": ", 1)[0]) for n in data["not_judged"]] == [
+        ("broken.jsonl", f"{labels}:3"), ("bar.log", f"{labels}:4")]
+    table = _bench(labels, "--jobs", jobs)
+    assert table.exit_code == 2
+    assert "not judged: 2 of the runs cannot be read" in table.stdout
+    assert "Not judged: runs that cannot be read" in table.stdout
+    assert "bar.log" in table.stdout.split("Not judged")[-1]
 
 
 def test_a_run_ending_at_its_first_nan_is_counted_apart_in_the_bar(corpus: Path) -> None:

@@ -2,7 +2,9 @@
 
 Registered in ``trainguard/cli.py`` with ``app.command("bench")(bench)``. Exit codes:
 0 when the benchmark ran, 2 for bad input (the labels file, a run in it, the policy or
-an option), as one line per problem naming the file, line and reason.
+an option), as one line per problem naming the file, line and reason. A run that cannot
+be read stops no other: the rest are judged and reported, the run is listed in the
+report and on stderr, and the exit code is 2.
 """
 
 from __future__ import annotations
@@ -110,11 +112,12 @@ def bench(
     try:
         with Progress(*columns, console=err, transient=True) as bar:
             task = bar.add_task("runs", total=len(rows))
-            cases = harness.judge_all(rows, pol, settings, jobs=jobs,
-                                      advance=lambda: bar.advance(task))
+            cases, unread = harness.judge_all(rows, pol, settings, jobs=jobs,
+                                              advance=lambda: bar.advance(task))
     except harness.BenchError as e:
         _fail(str(e))
-    result = harness.summarise(" + ".join(map(str, labels)), pol.name, rows, cases, settings)
+    result = harness.summarise(" + ".join(map(str, labels)), pol.name, rows, cases, settings,
+                               unread)
     if plot is not None:
         for path in _plots(plot, rows, result.cases, settings):
             err.print(f"wrote {path}", highlight=False, soft_wrap=True)
@@ -123,6 +126,8 @@ def bench(
         typer.echo(dumps(result))
     else:
         print_tables(fit_output(Console(highlight=False, soft_wrap=False)), result)
+    if unread:
+        _fail("\n".join(n.error for n in unread))
 
 
 def _plots(folder: Path, rows: list[Labelled], cases: list[harness.Case],

@@ -144,6 +144,15 @@ class BenchError(Exception):
     file and line (one plain message, so it crosses process boundaries)."""
 
 
+@dataclass(frozen=True)
+class NotJudged:
+    """A labelled run that cannot be read (a bad value, no records): reported with its
+    labels line and reason, counted nowhere; the other runs are judged all the same."""
+
+    run: str
+    error: str  # ``FILE:LINE: run 'x': reason``
+
+
 # --- one case ---------------------------------------------------------------------------------
 
 
@@ -440,11 +449,16 @@ def faults(job: Job, row: Labelled, settings: Settings) -> list[Injected]:
     return out
 
 
-def judge_run(row: Labelled, policy: Policy, settings: Settings) -> list[Case]:
-    """The labelled run and, with ``settings.inject``, its injected faults: one Case each.
+def judge_run(row: Labelled, policy: Policy,
+              settings: Settings) -> list[Case] | NotJudged:
+    """The labelled run and, with ``settings.inject``, its injected faults: one Case each;
+    a run that cannot be read, ``NotJudged``.
 
-    Runs in a worker process; every failure comes back as a ``BenchError``."""
-    job = load(row)
+    Runs in a worker process; any other failure comes back as a ``BenchError``."""
+    try:
+        job = load(row)
+    except BenchError as e:
+        return NotJudged(row.run, str(e))
     rules = build_rules(policy)  # all of them: a critical finding of any rule is an alarm
     try:
         cases = [_judge_case(job, row, policy, rules, settings, None)]
@@ -492,8 +506,12 @@ def _size(path: Path) -> int:
 
 
 def check_run_ticks(row: Labelled, settings: Settings) -> None:
-    """A given tick that would make too many ticks on this run: a ``BenchError``."""
-    job = load(row)
+    """A given tick that would make too many ticks on this run: a ``BenchError`` (a run
+    that cannot be read is ``judge_run``'s to report)."""
+    try:
+        job = load(row)
+    except BenchError:
+        return
     try:
         check_ticks(job, settings.tick if job.clock != "step" else settings.step_tick)
     except ValueError as e:
@@ -501,10 +519,12 @@ def check_run_ticks(row: Labelled, settings: Settings) -> None:
 
 
 def judge_all(rows: list[Labelled], policy: Policy, settings: Settings, jobs: int = 1,
-              advance: Callable[[], None] | None = None) -> list[Case]:
-    """Every case of every row, in the labels file's order whatever ``jobs`` is. With a
-    given tick, every run's tick count is checked first, before any is judged."""
-    done: list[list[Case]] = [[] for _ in rows]
+              advance: Callable[[], None] | None = None
+              ) -> tuple[list[Case], list[NotJudged]]:
+    """Every case of every row, in the labels file's order whatever ``jobs`` is, and the
+    runs that could not be read. With a given tick, every run's tick count is checked
+    first, before any is judged."""
+    done: list[list[Case] | NotJudged] = [[] for _ in rows]
     if settings.tick is not None or settings.step_tick is not None:
         if jobs <= 1:
             for row in rows:
@@ -526,9 +546,9 @@ def judge_all(rows: list[Labelled], policy: Policy, settings: Settings, jobs: in
                 done[futures[fut]] = fut.result()
                 if advance:
                     advance()
-    cases = [c for batch in done for c in batch]
+    cases = [c for batch in done if not isinstance(batch, NotJudged) for c in batch]
     add_katib(cases)
-    return cases
+    return cases, [batch for batch in done if isinstance(batch, NotJudged)]
 
 
 # --- the numbers ------------------------------------------------------------------------------
@@ -899,6 +919,7 @@ class Bench:
     checks: list[Check]
     skipped: list[str]  # injected faults a run was too short to carry
     calls: list[Call] = field(default_factory=list)  # UNSURE labels: shown, not counted
+    not_judged: list[NotJudged] = field(default_factory=list)  # runs that cannot be read
     elapsed_s: float = 0.0
 
 
@@ -948,7 +969,7 @@ def call(c: Case) -> Call:
 
 
 def summarise(labels: str, policy: str, rows_in: list[Labelled], every: list[Case],
-              settings: Settings) -> Bench:
+              settings: Settings, not_judged: list[NotJudged] | None = None) -> Bench:
     cases = [c for c in every if not c.unsure]
     heads = head_to_head(cases, settings)
     skipped: list[str] = []
@@ -959,7 +980,7 @@ def summarise(labels: str, policy: str, rows_in: list[Labelled], every: list[Cas
                    for k in INJECTORS if (c.run, k) not in have]
     return Bench(labels, policy, settings, len(rows_in), every, detail_rows(cases, settings),
                  heads, bar_checks(cases, heads), skipped,
-                 [call(c) for c in every if c.unsure])
+                 [call(c) for c in every if c.unsure], list(not_judged or []))
 
 
 @dataclass(frozen=True)

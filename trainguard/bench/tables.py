@@ -4,8 +4,9 @@ The tables are, in order: the head-to-head of each trainguard rule against the t
 that compete with it, the issue's bar, and every detector on every label group (rows
 for a detector only where its numbers mean something: its own failure label and the
 healthy and spiky groups; the JSON has them all), then the judgement calls (runs whose
-label is marked UNSURE, counted nowhere else). With ``--by family`` the head-to-head and
-the per-label table repeat for each family, after the rows over all runs.
+label is marked UNSURE, counted nowhere else) and the runs that cannot be read. With
+``--by family`` the head-to-head and the per-label table repeat for each family, after
+the rows over all runs.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def header(bench: Bench) -> list[str]:
     if bench.calls:
         lines.append(f"judgement calls: {len(bench.calls)} of the runs have a label marked "
                      "UNSURE: shown apart, counted nowhere else")
+    if bench.not_judged:
+        lines.append(f"not judged: {len(bench.not_judged)} of the runs cannot be read "
+                     "(listed at the end, and on stderr): counted nowhere")
     if bench.skipped:
         lines.append(f"not injected: {len(bench.skipped)} faults on runs too short to carry "
                      "them (fewer than 10 logged loss points)")
@@ -169,7 +173,19 @@ def print_tables(console: Console, bench: Bench) -> None:
         if any(h.family == family for h in bench.heads):  # none: no failure in that family
             console.print(head_table(bench, family))
         console.print(detail_table(bench, family))
+    if bench.not_judged:
+        console.print(not_judged_table(bench))
     console.print(f"{len(bench.cases)} cases in {bench.elapsed_s:.1f} s", highlight=False)
+
+
+def not_judged_table(bench: Bench) -> Table:
+    t = Table(title="Not judged: runs that cannot be read (fix the file or its labels row)",
+              title_justify="left")
+    for col in ("run", "why"):
+        t.add_column(col, overflow="fold")
+    for n in bench.not_judged:
+        t.add_row(n.run, n.error)
+    return t
 
 
 def to_json(bench: Bench) -> dict[str, Any]:
@@ -193,6 +209,7 @@ def to_json(bench: Bench) -> dict[str, Any]:
         "bar": as_dict(bench.checks),
         "rows": [{**as_dict(r), "rate": r.rate} for r in bench.rows],
         "skipped_injections": bench.skipped,
+        "not_judged": as_dict(bench.not_judged),
         "judgement_calls": as_dict(bench.calls),
         "runs_detail": as_dict(bench.cases),
         "elapsed_s": bench.elapsed_s,
