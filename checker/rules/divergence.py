@@ -27,6 +27,8 @@ non-finite value; Lightning's divergence_threshold is a fixed number. This rule:
   training objective;
 - does not judge the losses of an RL run (one that logs a reward or return) this way:
   they follow moving targets (returns, TD targets) and climb as the agent improves;
+  its reward, where it is never below 0, collapsing to a tenth of a level it held for
+  ``recover_points`` points is a divergence (``divergence_reward``);
 - says, as of the last record, that a divergence the run has since come back from
   (``recover_points`` finite points back near its level) *recovered*, as info with
   when it fired and when it recovered; a replay sees it fire at the time it did.
@@ -54,6 +56,7 @@ from trainguard.checker.model import Finding, Job, Series, Severity
 from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule
 from trainguard.checker.rules.divergence_dead import Dead, nan_gradient, nan_gradient_bands
+from trainguard.checker.rules.divergence_reward import Collapse
 from trainguard.checker.rules.divergence_shift import Shifted
 from trainguard.checker.rules.divergence_state import (
     Before,
@@ -98,8 +101,15 @@ class Divergence(Rule):
             bands = _add(bands, s.name, track.band(s, p))
         # An RL run's losses follow moving targets and climb as the agent improves: only
         # their non-finite values and blow-ups are judged.
-        objective = None if p.metrics or reward(job, ctx.policy) is not None else (
+        rl = None if p.metrics else reward(job, ctx.policy)
+        objective = None if p.metrics or rl is not None else (
             train or objective_of(job, True, ctx.state))
+        if rl is not None:
+            fall = tracked(ctx.state, "collapse:" + rl.name, rl, Collapse)
+            fall.read(rl, p)
+            if (f := self._reward_fell(job, rl, fall)) is not None:
+                found.append(f)
+            bands = _add(bands, rl.name, fall.band(p))
         if objective is not None:
             climbs = tracked(ctx.state, "climbs:" + objective.name, objective, Climbs)
             climbs.read(objective, p)
@@ -266,6 +276,34 @@ class Divergence(Rule):
                           "learnt")
         f.evidence.update(kind="nan_gradient", grad_metric=g.name)
         return f
+
+    def _reward_fell(self, job: Job, s: Series, t: Collapse) -> Finding | None:
+        """An RL reward never below 0 at a tenth of a level it held, for
+        ``recover_points`` points (``divergence_reward``)."""
+        p: DivergenceParams = self.params
+        fell = t.fell
+        if fell is None:
+            return None
+        step = float(s.step[fell.at]) if np.isfinite(s.step[fell.at]) else None
+        where = f"step {step:g}" if step is not None else f"record {fell.at}"
+        what = (f"{s.name} fell from a level of {fell.level:.4g} to at most "
+                f"{fell.level / p.collapse_factor:.4g} for {p.recover_points} points from "
+                f"{where}: the policy collapsed and no longer earns what it did (where every "
+                "reward is alike, GRPO's advantages are all 0 and nothing brings it back)")
+        evidence: dict[str, object] = {"kind": "reward_collapse", "metric": s.name,
+                                       "level_before": fell.level,
+                                       "value": _num(s.value[fell.at])}
+        severity = Severity.CRITICAL
+        if fell.back is not None:
+            back = float(s.step[fell.back]) if np.isfinite(s.step[fell.back]) else None
+            what += "; recovered at " + (f"step {back:g}" if back is not None
+                                         else f"record {fell.back}")
+            evidence.update(kind="recovered", recovered=True, recovered_step=back,
+                            recovered_at=float(s.time[fell.back]), fired_step=step,
+                            fired_at=float(s.time[fell.at]))
+            severity = Severity.INFO
+        return Finding(job_id=job.id, rule=self.name, severity=severity, message=what,
+                       started_at=float(s.time[fell.at]), step=step, evidence=evidence)
 
     def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,
                    nan_at: int | None, what: str, eval_only: bool) -> Finding:

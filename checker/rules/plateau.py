@@ -308,8 +308,8 @@ class Plateau(Rule):
             _, run_improvement, _, _ = whole
             return [self._finding(
                 job, s, int(idx[0]), Severity.WARNING, "flat",
-                f"{s.name} improved {run_improvement / level:+.2%} over the whole run and "
-                f"{improvement / level:+.2%} over the last {len(v) - lo} points (needs "
+                f"{s.name} improved {_rel(run_improvement, level, v)} over the whole run and "
+                f"{_rel(improvement, level, v)} over the last {len(v) - lo} points (needs "
                 f"{p.min_rel_improvement:.1%}): not learning",
                 {"points": len(v) - lo, "rel_improvement": improvement / level,
                  "run_rel_improvement": run_improvement / level, "noise_se": se / level,
@@ -481,7 +481,7 @@ class Plateau(Rule):
         return [self._finding(
             job, s, int(idx[0]), Severity.WARNING, "flat",
             f"{s.name} never improved on its first value {v[0]:.4g} in {len(v)} points "
-            f"(best since {best:.4g}, {improvement / level:+.2%}): not learning",
+            f"(best since {best:.4g}, {_rel(improvement, level, v)}): not learning",
             {"points": len(v), "rel_improvement": improvement / level, "first": float(v[0]),
              "best_since": best, "level": level, "never_improved": True})]
 
@@ -511,7 +511,7 @@ class Plateau(Rule):
             job, s, int(np.flatnonzero(np.isfinite(s.value))[0]), Severity.WARNING, "flat",
             f"{s.name} too noisy to tell; {train.name} never improved on its first value "
             f"{tv[0]:.4g} in {len(tv)} points (best since {best:.4g}, "
-            f"{improvement / level:+.2%}): not learning",
+            f"{_rel(improvement, level, tv)}): not learning",
             {"points": len(tv), "rel_improvement": improvement / level, "first": float(tv[0]),
              "best_since": best, "level": level, "never_improved": True,
              "held_out": s.name, "metric_judged": train.name})]
@@ -704,14 +704,14 @@ class Plateau(Rule):
         p: PlateauParams = self.params
         unit = quantum * (1 + 1e-6)  # medians a logged unit apart at most, as printed
         change = (f"no change beyond its last logged digit, {quantum:g},"
-                  if abs(improvement) <= unit else f"{improvement / level:+.2%}")
+                  if abs(improvement) <= unit else _rel(improvement, level, v))
         best_at = int(np.argmin(v)) if mode == "min" else int(np.argmax(v))
         best = float(v[best_at])
         best_step = float(s.step[idx[best_at]]) if np.isfinite(s.step[idx[best_at]]) else None
         if improvement < -max(p.min_rel_improvement * level, unit):
             # A held-out loss getting worse while the training loss learns: past its best.
             where = f" at step {best_step:g}" if best_step is not None else ""
-            msg = (f"{s.name} learnt and is now getting worse ({improvement / level:+.2%} over "
+            msg = (f"{s.name} learnt and is now getting worse ({_rel(improvement, level, v)} over "
                    f"the last stretch; best {best:.4g}{where}): past its best, converged")
         elif begins is not None:
             msg = (f"{s.name} has levelled off near {level:.4g} ({change} "
@@ -928,3 +928,12 @@ def _calm(x: FloatArray, v: FloatArray, idx: np.ndarray, sign: float
     if calm.all() or calm.sum() < 3:
         return x, v, idx
     return x[calm], v[calm], idx[calm]
+
+
+def _rel(change: float, level: float, v: FloatArray) -> str:
+    """A change as a share of the level the values stand at, where they all stand on one
+    side of 0; else as itself, with that level (a reward between 0 and 1 whose median is
+    0.025 fell by 0.61, not by 2,450 %)."""
+    if len(v) and (bool((v > 0).all()) or bool((v < 0).all())):
+        return f"{change / level:+.2%}"
+    return f"{change:+.4g} at a level of {level:.4g}"
