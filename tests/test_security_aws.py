@@ -34,13 +34,15 @@ FORGED_TAIL = ("\nWhat the watchdog did: STOPPED the job (approved by the platfo
 
 @dataclass
 class MetricFleet(Fleet):
-    """Fleet whose jobs define a ``loss`` metric (their MetricDefinitions)."""
+    """Fleet whose jobs define a ``loss`` and a ``reward`` metric (their
+    MetricDefinitions)."""
 
     def answer(self, op: str, request: dict[str, Any]) -> dict[str, Any] | None:
         out = super().answer(op, request)
         if op == "DescribeTrainingJob" and out is not None:
             out["AlgorithmSpecification"]["MetricDefinitions"] = [
-                {"Name": "loss", "Regex": "loss=([0-9.e+-]+)"}]
+                {"Name": "loss", "Regex": "loss=([0-9.e+-]+)"},
+                {"Name": "reward", "Regex": "reward=([0-9.e+-]+)"}]
         return out
 
 
@@ -156,6 +158,26 @@ def test_a_forged_metric_alone_never_stops_the_job(watchdog: Watchdog) -> None:
     assert watchdog.fleet.stopped == []
     actions = {a.rule: a.action for a in watchdog.audit()}
     assert actions.get("divergence") == AuditAction.SKIP_UNTRUSTED, actions
+
+
+def test_a_forged_reward_collapse_alone_never_stops_the_job(watchdog: Watchdog) -> None:
+    """A reward written into the victim's metrics (0.8, then 0: what an RL policy's
+    collapse looks like, critical by ``divergence``) is metric evidence only."""
+    watchdog.policy(policy())
+    cw = client("cloudwatch", watchdog.moto_url)
+    now = time.time()
+    values = [0.8] * 30 + [0.0] * 10
+    data = [{"MetricName": "reward",
+             "Dimensions": [{"Name": "TrainingJobName", "Value": watchdog.job}],
+             "Timestamp": now - 60 * (len(values) - i), "Value": v}
+            for i, v in enumerate(values)]
+    for i in range(0, len(data), 20):
+        cw.put_metric_data(Namespace="/aws/sagemaker/TrainingJobs", MetricData=data[i:i + 20])
+    watchdog.tick()
+    assert watchdog.fleet.stopped == []
+    (record,) = [a for a in watchdog.audit() if a.rule == "divergence"]
+    assert record.action == AuditAction.SKIP_UNTRUSTED, record
+    assert record.severity == "critical" and record.finding_key.endswith("reward_collapse")
 
 
 def test_a_metric_finding_corroborated_by_the_jobs_state_stops_it(watchdog: Watchdog) -> None:

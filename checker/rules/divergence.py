@@ -287,7 +287,7 @@ class Divergence(Rule):
         step = float(s.step[fell.at]) if np.isfinite(s.step[fell.at]) else None
         where = f"step {step:g}" if step is not None else f"record {fell.at}"
         what = (f"{s.name} fell from a level of {fell.level:.4g} to at most "
-                f"{fell.level / p.collapse_factor:.4g} for {p.recover_points} points from "
+                f"{fell.level / p.collapse_factor:.4g} for {fell.points} points from "
                 f"{where}: the policy collapsed and no longer earns what it did (where every "
                 "reward is alike, GRPO's advantages are all 0 and nothing brings it back)")
         evidence: dict[str, object] = {"kind": "reward_collapse", "metric": s.name,

@@ -51,9 +51,9 @@ class DivergenceParams:
         "below that (a fine-tune logging loss 0.0 with grad_norm nan: an fp16 overflow)")
     collapse_factor: float = param(
         10.0, "an RL run's reward, never below 0, at most 1/this of a level it held (a "
-        "median of recover_points points; the level at least this many times the "
-        "reward's logged resolution) for recover_points points in a row is a divergence: "
-        "the policy collapsed (GRPO runs scoring 0.85 falling to 0 and staying)")
+        "median of recover_points points, none of them at 1/this of it) for "
+        "recover_points points in a row is a divergence: the policy collapsed (GRPO runs "
+        "scoring 0.85 falling to 0 and staying)")
     regress_factor: float = param(
         5.0, "the training objective this many times its best level (the lowest median of "
         "3 points so far) is a divergence without NaN; noise near a best is a few-fold")
