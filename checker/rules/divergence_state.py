@@ -436,6 +436,13 @@ def _grow(c: Climb, values: list[float], records: list[int], p: DivergenceParams
             return
 
 
+def _rising_start(a: float, b: float, c: float, level: float) -> float:
+    """The best the first three finite points give: their median, or the first where each
+    stands above the one before (a climb from the first record: a re-id loss 10.8, 19.5,
+    45.3 and on to 85, whose median of three, 19.5, is already in the climb)."""
+    return a if a < b < c else level
+
+
 class Climbs(Track):
     """The test for a divergence without NaN, kept from tick to tick: the finite points
     read, the running best level (the lowest median of three), the first level, and the
@@ -507,6 +514,7 @@ class Climbs(Track):
             level = max(min(a, b), min(max(a, b), x))  # stats.rolling_median3's formula
             if self.nf == 2:
                 self.first = level
+                level = _rising_start(a, b, x, level)
             self.best = min(self.best, level)
             last[0], last[1] = b, x
         else:
@@ -550,6 +558,7 @@ class Climbs(Track):
         levels = rolling_median3(w)  # levels[k] ends at point k + 2 - lag of v
         if self.nf < 3 and len(levels):
             self.first = float(levels[0])  # the level of the first three finite points
+            levels[0] = _rising_start(float(w[0]), float(w[1]), float(w[2]), self.first)
         # before point j of v: the carried best and the levels ending before j
         cm = np.minimum.accumulate(np.minimum(levels, self.best))
         k = np.arange(m) - 3 + lag
