@@ -159,9 +159,10 @@ class Collapse(Track):
         self.run, self.run_at = run, at
 
     def _low_share(self, threshold: float) -> float:
-        """The smoothed share of finite values at ``threshold`` or below before the run of
-        low ones: counted on from where the last count stopped while the threshold is
-        the same (a reward at 0 most of the time asks at every record)."""
+        """The share of finite values at ``threshold`` or below before the run of low
+        ones, at the upper end of its interval (``_upper``): counted on from where the
+        last count stopped while the threshold is the same (a reward at 0 most of the
+        time asks at every record)."""
         if self.values is None:
             return 1.0
         was, upto, lows, points = self._share
@@ -172,6 +173,7 @@ class Collapse(Track):
         lows, points = lows + int((v <= threshold).sum()), points + len(v)
         self._share = (threshold, self.run_at, lows, points)
         return _upper(lows, points)
+
     def band(self, p: CollapseParams) -> Band | None:
         """The rewards that change nothing found: all, once one was below 0; else those
         above a tenth (``collapse_factor``) of the highest so far and not above it (no
