@@ -526,6 +526,30 @@ def test_a_validation_loss_that_doubled_is_overfit_unless_the_policy_waits_for_m
                   "overfit") == []
 
 
+def test_a_validation_blow_up_coming_back_down_is_not_overfit() -> None:
+    """A Keras CSVLogger's validation loss (a blind set's run, labelled spiky): 0.016 at
+    epoch 5, 42 and 36 at epochs 6 and 7, 2.4 and 0.08 after, then 0.0004 and on down,
+    while the training loss falls. Three levels (medians of three) stood at 2 x its best,
+    the third already a fifteenth of the top: a blow-up coming back down is no climb (it
+    was warned at epoch 9). The same jump that stays near its top is overfitting, at its
+    third level there."""
+    epochs = np.arange(29.0)
+    val = np.array([5.59, 3.21, 1.22, 0.30, 0.26, 0.016, 42.1, 35.8, 2.37, 0.079, 0.111]
+                   + list(np.geomspace(4e-4, 1e-5, 18)))
+    train = np.geomspace(1.38, 0.011, 29)
+    # an epoch a minute: every record is a tick of the replay
+    spike = replay(job_of({"val_loss": (epochs, val), "loss": (epochs, train)}, dt=60.0),
+                   Policy())
+    assert [h for h in spike.histories if h.rule == "overfit"] == []  # at no record
+    stays = val.copy()
+    stays[8:] = 30.0 + np.arange(21)  # up, and climbing on
+    climb = replay(job_of({"val_loss": (epochs, stays), "loss": (epochs, train)}, dt=60.0),
+                   Policy())
+    (h,) = [h for h in climb.histories if h.rule == "overfit"]
+    assert h.worst is Severity.WARNING and h.first.step == 9  # its third level at 2 x
+    assert h.finding.evidence["best_step"] == 5
+
+
 def test_a_doubling_that_dips_under_two_fold_between_ticks_is_still_overfit() -> None:
     """A held-out run's validation loss (a GRU classifier logged by Keras, 3-second
     epochs): best 0.14 at epoch 95, then its level hovers 1.9-2.1 x, at 2 x for three

@@ -40,6 +40,7 @@ _TREND = 64  # the most evaluations the trend test reads (it costs their square)
 #: linear evaluation whose held-out loss swung with it was warned overfitting).
 _FELL = 0.25
 _SCATTER = 1024  # the latest training points that scatter is read from
+_BACK = 0.5  # a held-out level below this share of its stretch's top is coming back down
 
 
 @dataclass
@@ -92,6 +93,7 @@ class _Held(Track):
         self.latched = False
         self.latched_since = -1  # the record where the stretch that latched it begins
         self.peak = 0.0  # the highest level / best while latched
+        self.top = 0.0  # the highest level of the stretch at factor x the best at the end
         self.recent: list[tuple[int, float]] = []  # the last ``points`` evaluations
         self.best_value, self.best_at = math.inf, -1  # the lowest before them, and its record
 
@@ -148,11 +150,16 @@ class _Held(Track):
         the level last fell below steady_factor x the best, after these ``levels``."""
         # consecutive high levels ending at each one, the stretch before them carried in
         run = np.zeros(len(high), dtype=np.int64)
-        count = self.high
-        for k, h in enumerate(high.tolist()):  # evaluations, not training records
-            count = count + 1 if h else 0
-            run[k] = count
-        fired = np.flatnonzero(run >= p.points)
+        top = np.zeros(len(high))
+        count, most = self.high, self.top
+        for k, (h, x) in enumerate(zip(high.tolist(), levels.tolist(), strict=True)):
+            count, most = (count + 1, max(most, x)) if h else (0, 0.0)
+            run[k], top[k] = count, most
+        self.top = most
+        # a stretch whose level is back below half its highest is a blow-up coming back
+        # down (a validation loss 2,700 x its best for two evaluations, back within
+        # three), not a climb: it is overfitting once it stands near its top again
+        fired = np.flatnonzero((run >= p.points) & (levels >= _BACK * top))
         cleared = np.flatnonzero(levels < p.steady_factor * best)
         last_clear = int(cleared[-1]) if len(cleared) else -1
         ratio = levels / best
@@ -177,8 +184,7 @@ class _Held(Track):
         """The rule's condition on the held-out loss alone, as of the last evaluation:
         ``points`` levels in a row at factor x the best, since when it has not come back
         below steady_factor x the best."""
-        return self.nf >= 2 + p.points and self.low > 0 and (
-            self.high >= p.points or self.latched)
+        return self.nf >= 2 + p.points and self.low > 0 and self.latched
 
     def steady(self, s: Series, p: OverfitParams) -> float | None:
         """The trend statistic of the evaluations after the lowest one, when they climb
