@@ -534,8 +534,8 @@ def test_a_validation_blow_up_coming_back_down_is_not_overfit() -> None:
     was warned at epoch 9). The same jump that stays near its top is overfitting, at its
     third level there."""
     epochs = np.arange(29.0)
-    val = np.array([5.59, 3.21, 1.22, 0.30, 0.26, 0.016, 42.1, 35.8, 2.37, 0.079, 0.111]
-                   + list(np.geomspace(4e-4, 1e-5, 18)))
+    val = np.concatenate([[5.59, 3.21, 1.22, 0.30, 0.26, 0.016, 42.1, 35.8, 2.37, 0.079,
+                           0.111], np.geomspace(4e-4, 1e-5, 18)])
     train = np.geomspace(1.38, 0.011, 29)
     # an epoch a minute: every record is a tick of the replay
     spike = replay(job_of({"val_loss": (epochs, val), "loss": (epochs, train)}, dt=60.0),
@@ -548,6 +548,25 @@ def test_a_validation_blow_up_coming_back_down_is_not_overfit() -> None:
     (h,) = [h for h in climb.histories if h.rule == "overfit"]
     assert h.worst is Severity.WARNING and h.first.step == 9  # its third level at 2 x
     assert h.finding.evidence["best_step"] == 5
+
+
+def test_a_validation_loss_near_zero_wobbling_a_hundredfold_is_not_overfit() -> None:
+    """The same Keras run later: its validation loss learnt from 5.6 to 5e-6, then sat at
+    7e-6, 7e-5, 2e-3, 0.9, 2e-5 while the training loss fell: levels a hundred times its
+    best, having given back nothing of the 5.6 it had learnt (under a tenth). A climb
+    that gives back a tenth of it, from a best of 0.3, is overfitting."""
+    epochs = np.arange(30.0)
+    val = np.concatenate([np.geomspace(5.6, 5e-6, 23),
+                          [6.7e-6, 6.7e-5, 2.4e-3, 0.95, 1.8e-5, 9.9e-6, 2.1e-3]])
+    train = np.geomspace(1.38, 0.011, 30)
+    wobble = replay(job_of({"val_loss": (epochs, val), "loss": (epochs, train)}, dt=60.0),
+                    Policy())
+    assert [h for h in wobble.histories if h.rule == "overfit"] == []
+    gave_back = np.concatenate([np.geomspace(5.6, 0.3, 23), np.linspace(0.9, 1.2, 7)])
+    climb = replay(job_of({"val_loss": (epochs, gave_back), "loss": (epochs, train)},
+                          dt=60.0), Policy())
+    (h,) = [h for h in climb.histories if h.rule == "overfit"]
+    assert h.finding.evidence["best_step"] == 22
 
 
 def test_a_doubling_that_dips_under_two_fold_between_ticks_is_still_overfit() -> None:

@@ -41,6 +41,7 @@ _TREND = 64  # the most evaluations the trend test reads (it costs their square)
 _FELL = 0.25
 _SCATTER = 1024  # the latest training points that scatter is read from
 _BACK = 0.5  # a held-out level below this share of its stretch's top is coming back down
+_LOST = 0.1  # the share of what the held-out loss had learnt a climb must give back
 
 
 @dataclass
@@ -119,7 +120,11 @@ class _Held(Track):
             w = np.array([x for _, x in pairs])
             levels = rolling_median3(w)  # levels[k] has pairs[k + 1] at its middle
             best = np.minimum.accumulate(np.minimum(levels, self.best))
-            high = levels >= p.factor * best
+            first = self.first if not math.isnan(self.first) else float(levels[0])
+            # and it has given back a share of what the held-out loss had learnt: a
+            # validation loss near 0 (5e-6) wobbling a hundredfold has lost nothing
+            high = (levels >= p.factor * best) & (
+                levels - best >= _LOST * np.maximum(first - best, 0.0))
             self._latch(pairs, levels, best, high, p)
             low = np.flatnonzero(~high)
             if len(low):
