@@ -232,18 +232,30 @@ def _held_out_metric(name: str) -> bool:
     return is_eval(name) or (name.startswith("metrics/") and "train" not in words(name))
 
 
+def _accuracies(job: Job) -> list[Series]:
+    series = job.series  # read by name: only the accuracies are looked at
+    return [series[k] for k in sorted(series)
+            if {"acc", "accuracy"} & set(words(k)) and "loss" not in words(k)
+            and len(series[k])]
+
+
 def accuracy_partner(job: Job, s: Series) -> Series | None:
     """The accuracy measured on the same side (held-out or training) as loss ``s``, else
     the other side's."""
     side = is_eval(s.name)
-    series = job.series  # read by name: only the accuracies are looked at
-    found = [series[k] for k in sorted(series)
-             if {"acc", "accuracy"} & set(words(k)) and "loss" not in words(k)
-             and len(series[k])]
+    found = _accuracies(job)
     same = [a for a in found if _held_out_metric(a.name) == side]
     # else the other side's: both name the same task's K (Ultralytics logs a validation
     # accuracy alone, beside its training loss too)
     return _shortest(same or found) if found else None
+
+
+def accuracy_across(job: Job, s: Series) -> Series | None:
+    """The accuracy measured on the other side from loss ``s`` (the training accuracy
+    beside a held-out loss), or None."""
+    side = is_eval(s.name)
+    other = [a for a in _accuracies(job) if _held_out_metric(a.name) != side]
+    return _shortest(other) if other else None
 
 
 _LR = re.compile(r"lr\d*")

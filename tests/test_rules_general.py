@@ -121,6 +121,25 @@ def test_chance_level_names_the_nearest_k_where_the_bands_overlap() -> None:
     assert "ln 10 = 2.303" in f.message
 
 
+def test_a_held_out_accuracy_near_one_third_names_no_k_where_training_learns() -> None:
+    """A CIFAR-10 model (a blind set's Lightning run, labelled spiky): held-out accuracy
+    0.17-0.42 around 1/3 and its loss unstable at 1.6-4.7, above ln 3, while its training
+    accuracy climbs 0.31 -> 0.58: 31 % is 3.1 tenths, not a 3-class task's chance. With
+    the training accuracy at 1/3 too, the same held-out run is at chance."""
+    steps = np.arange(12.0)
+    val_acc = np.array([0.305, 0.415, 0.275, 0.405, 0.423, 0.372, 0.30, 0.171, 0.396,
+                        0.333, 0.293, 0.31])
+    val_loss = np.array([1.89, 1.63, 2.27, 1.90, 1.73, 1.95, 2.57, 4.65, 2.04, 2.08,
+                         3.25, 2.4])
+    train_acc = np.array([0.309, 0.436, 0.493, 0.531, 0.573, 0.579, 0.568, 0.578, 0.559,
+                          0.571, 0.584, 0.579])
+    series = {"val_loss": (steps, val_loss), "val_acc": (steps, val_acc)}
+    assert judged(job_of({**series, "train_acc": (steps, train_acc)}), "plateau") == []
+    at_chance = 1 / 3 + 0.02 * np.sin(np.arange(12.0))
+    (f,) = judged(job_of({**series, "train_acc": (steps, at_chance)}), "plateau")
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 3
+
+
 def test_a_short_run_learning_through_chance_level_is_not_flagged() -> None:
     steps = np.arange(6.0)
     # starts at ln 2 like any binary classifier and learns: not at chance at its end

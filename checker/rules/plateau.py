@@ -55,6 +55,7 @@ import numpy as np
 from trainguard.checker import cost
 from trainguard.checker.follow import STABLE
 from trainguard.checker.metrics import (
+    accuracy_across,
     accuracy_partner,
     is_eval,
     is_reward,
@@ -621,8 +622,8 @@ class Plateau(Rule):
             # two evaluations at 1/K name K for a loss that sits in ln K's band itself
             if len(a) >= 2 and 0 < median(a) <= 1:
                 found = self._chance_confirmed(a, best)
-                if found is not None and (end <= found[1] * (1 + p.chance_band)
-                                          or (enough and not falling)):
+                if found is not None and (end <= found[1] * (1 + p.chance_band) or (
+                        enough and not falling and not self._learns_across(job, raw, found[0]))):
                     return found
                 if enough:
                     return None
@@ -637,6 +638,24 @@ class Plateau(Rule):
             return None
         k = min(fits, key=lambda k: abs(math.log(k) - end))
         return k, math.log(k), None
+
+    def _learns_across(self, job: Job, raw: Series, k: int) -> bool:
+        """For K of 3 or more named by an accuracy near 1/K beside a loss above ln K's
+        band: the other side's accuracy (the training accuracy beside a held-out loss)
+        stands above 1/K, at its latest third, by more than ``chance_acc_tolerance``. An
+        accuracy near 1/3 is a third of 3 classes, and 3.3 tenths of 10: a CIFAR-10 model
+        at 31 % held-out accuracy, its validation loss unstable at 1.6-9 while it learnt
+        to 58 % on its training data, is not at a 3-class task's chance."""
+        if k < 3:
+            return False
+        other = accuracy_across(job, raw)
+        if other is None:
+            return False
+        a = other.value[np.isfinite(other.value)]
+        if len(a) < 2 or not 0 < median(a) <= 1:
+            return False
+        _, tail = span_thirds(np.arange(len(a), dtype=float))
+        return bool(median(a[tail]) * k - 1.0 > self.params.chance_acc_tolerance)
 
     def _zero_accuracy(self, job: Job, raw: Series, v: FloatArray) -> tuple[str, int] | None:
         """(accuracy, evaluations) when the loss's accuracy is exactly 0 at every one of at
