@@ -71,3 +71,14 @@ def test_a_loss_still_at_ln2_after_warm_up_is_not_learning(tmp_path: Path) -> No
         found = _warnings(_state(tmp_path, loss, lr, name))
         assert found and "chance level ln 2" in found[0], (name, found)
         assert float(found[0].split(":")[0]) > 290, (name, found)  # after warm-up
+
+
+def test_a_loss_exactly_zero_from_its_first_record_is_judged_during_the_warm_up(
+        tmp_path: Path) -> None:
+    """An axolotl fine-tune (an issue thread's log) printed loss 0.0 and grad_norm 0.0 at
+    each of its 11 records while its rate rose from 8e-7: no warm-up makes a loss 0, and
+    the run was never judged. Its 5th record (step 50) says nothing is learnt."""
+    n = 11
+    job = _state(tmp_path, np.zeros(n), np.linspace(8e-7, 8.8e-6, n), "zeros")
+    (warning,) = _warnings(job)
+    assert warning.startswith("50: loss is exactly 0 at all 11 points"), warning  # at 5

@@ -259,7 +259,11 @@ def fmt_when(job: Job, t: float | None, start: float | None) -> str:
 
 
 def fmt_step(step: float | None) -> str:
-    return "-" if step is None or not math.isfinite(step) else f"{step:,.0f}"
+    """A step as the log counts it: whole steps with thousands separators, a fractional
+    one (a log whose steps are epochs, 0.05 into the first) to its significant digits."""
+    if step is None or not math.isfinite(step):
+        return "-"
+    return f"{step:,.0f}" if step.is_integer() or abs(step) >= 1000 else f"{step:.4g}"
 
 
 def fmt_usd(usd: float | None) -> str:

@@ -226,18 +226,20 @@ class Plateau(Rule):
         on_steps = x is s.step
         keep &= np.isfinite(x)
         x, v = x[keep], s.value[keep]
-        if warming_up(job):
-            return []  # the optimiser is not at its rate yet: nothing to judge
         rl = self._rl(s, ctx.policy)
         mode = "max" if rl else p.mode
         if mode == "min" and len(v) >= p.chance_min_points and not v.any():
             # Exactly 0 from its first record on (with grad_norm 0: every label masked, a
-            # loss that sees no data): no level to improve on, and nothing is learnt.
+            # loss that sees no data): no level to improve on, and nothing is learnt. No
+            # warm-up makes a loss 0 (an axolotl run logged loss 0.0 and grad_norm 0.0
+            # for its 11 records while its rate rose: judged after the warm-up, never).
             return [self._finding(
                 job, s, int(np.flatnonzero(keep)[0]), Severity.WARNING, "flat",
                 f"{s.name} is exactly 0 at all {len(v)} points: nothing is learnt (every "
                 "label masked, or a loss that sees no data?)",
                 {"points": len(v), "all_zero": True})]
+        if warming_up(job):
+            return []  # the optimiser is not at its rate yet: nothing to judge
         if rl and (nothing := self._zero_reward(job, s, v, keep)) is not None:
             return [nothing]
         if len(v) < p.chance_min_points or (mode == "min" and np.min(v) < 0):
