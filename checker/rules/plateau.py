@@ -294,6 +294,8 @@ class Plateau(Rule):
         if mode == "min" and (still := self._unchanged(job, s, raw, v, idx, lo, quantum,
                                                       far_in)):
             return [still]
+        if len(v) < _FIRST_EPOCH_POINTS and _in_first_epoch(job, raw):
+            return []  # many points, one epoch: the data has not been seen once yet
         win = self._flat(x[lo:], v[lo:], sign, quantum=quantum)
         if win is None or not win[0]:
             if late:
@@ -958,3 +960,22 @@ def _rel(change: float, level: float, v: FloatArray) -> str:
     if len(v) and (bool((v > 0).all()) or bool((v < 0).all())):
         return f"{change / level:+.2%}"
     return f"{change:+.4g} at a level of {level:.4g}"
+
+
+#: A loss in its first epoch is judged (flat or converged) from this many points on: a
+#: language model's one long epoch is a plateau's to find too.
+_FIRST_EPOCH_POINTS = 50
+
+
+def _in_first_epoch(job: Job, raw: Series) -> bool:
+    """Whether a training loss logged several times an epoch has all its points in one
+    epoch, the first it logs: the model has not seen its data once (an MMEngine C3D run
+    from scratch sat at ln 101 for its first 350 of 26,000 steps, epoch 1 of 79, and was
+    warned not learning at step 140). Whole epochs only: the Hugging Face Trainer's
+    fractional epoch moves at every record. Strong evidence (chance level, a loss exactly
+    0 or not changing) is judged before this."""
+    ep = job.series.get("epoch")
+    if ep is None or len(ep) < 2 or is_eval(raw.name):
+        return False
+    e = ep.value[np.isfinite(ep.value)]
+    return len(e) >= 2 and bool((e == e[0]).all()) and float(e[0]).is_integer()
