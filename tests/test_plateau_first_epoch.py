@@ -2,7 +2,8 @@
 data once. An MMEngine C3D run from scratch (a blind set's ``scalars.json``) sat at ln 101
 for its first 350 of 26,000 steps, epoch 1 of 79, and was warned "not learning" at its
 7th record (step 140); the warning cleared when it learnt. Its first epoch is not judged
-flat for its first 50 points; a single long epoch (a language model's one pass) is, from
+flat for its first 50 points (that run, flat for the whole of its first epoch, is warned
+when the epoch ends); a single long epoch (a language model's one pass) is judged from
 its 50th point on. Built here and replayed record by record."""
 
 from __future__ import annotations
