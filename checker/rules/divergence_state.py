@@ -50,10 +50,11 @@ class DivergenceParams:
         "recover_points points, is a divergence: learning reaches zero through values far "
         "below that (a fine-tune logging loss 0.0 with grad_norm nan: an fp16 overflow)")
     collapse_factor: float = param(
-        10.0, "an RL run's reward, never below 0, at most 1/this of a level it held (a "
-        "median of recover_points points, none of them at 1/this of it) for "
-        "recover_points points in a row is a divergence: the policy collapsed (GRPO runs "
-        "scoring 0.85 falling to 0 and staying)")
+        10.0, "an RL run's reward, never below 0, at most 1/this of a level it held (the "
+        "best median of recover_points points, all older than the latest "
+        "recover_points) for recover_points points in a row or more, a run of low points "
+        "its own history makes unlikely, is a divergence: the policy collapsed (GRPO runs "
+        "scoring 0.85 falling to 0 and staying; see divergence_reward)")
     regress_factor: float = param(
         5.0, "the training objective this many times its best level (the lowest median of "
         "3 points so far) is a divergence without NaN; noise near a best is a few-fold")

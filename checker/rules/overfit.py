@@ -187,8 +187,9 @@ class _Held(Track):
 
     def climbing(self, p: OverfitParams) -> bool:
         """The rule's condition on the held-out loss alone, as of the last evaluation:
-        ``points`` levels in a row at factor x the best, since when it has not come back
-        below steady_factor x the best."""
+        ``points`` levels in a row at factor x the best (each having given back ``_LOST``
+        of what it had learnt, the last at least ``_BACK`` of the stretch's highest),
+        since when it has not come back below steady_factor x the best."""
         return self.nf >= 2 + p.points and self.low > 0 and self.latched
 
     def steady(self, s: Series, p: OverfitParams) -> float | None:
