@@ -71,6 +71,20 @@ def test_step_and_loss_separated_by_spaces_or_bars(
     assert _series(_read(tmp_path, lines), "loss") == (steps, losses)
 
 
+def test_the_swin_loggers_tab_separated_fields(tmp_path: Path) -> None:
+    """The Swin Transformer's logger (VMamba's and many image models' since): each field
+    after a tab, a running average in brackets after each value. Its loss was not read,
+    and the log was "no data"."""
+    head = "[2024-07-27 03:32:{} vssm1] (main.py 295): INFO Train: [29/300][{}/2859]\t"
+    fields = ("eta 0:01:24 lr 0.000872\t wd 0.0500\ttime 0.4283 (0.4481)\tdata time "
+              "0.0008 (0.0122)\tloss {} (1.9972)\tgrad_norm 4.1605 (inf)\tmem 16138MB\n")
+    job = _read(tmp_path, "".join(head.format(sec, it) + fields.format(loss)
+                                  for sec, it, loss in ((50, 2670, "2.0148"),
+                                                        (55, 2680, "2.1019"))))
+    assert job.series["loss"].value.tolist() == [2.0148, 2.1019]
+    assert job.clock == "wall"
+
+
 def test_a_loss_mentioned_in_a_sentence_is_no_record(tmp_path: Path) -> None:
     job = _read(tmp_path, (
         "Effective tokens per optimizer step: 18432\n"

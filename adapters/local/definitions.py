@@ -54,15 +54,16 @@ def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
 
 
 def _field_start(key: str) -> str:
-    """``key`` where a field begins: at the line's start after up to 8 blanks; after ``|``,
-    ``,``, ``:`` or ``]`` and up to 4 blanks; after a number and 1 to 4 blanks (``step 100
-    loss 2.3``, a time of day ``10:00:00 step 5``); after `` - `` (Python logging's
-    ``%(asctime)s - %(levelname)s - %(message)s``). The key comes first and the context
-    is looked behind it, each width its own lookbehind (Python's are fixed-width): a
-    regex that begins with its key searches a line several times faster than one that
-    begins with the context."""
+    """``key`` where a field begins: at the line's start after up to 8 blanks; right after
+    a tab (the Swin and VMamba logger's tab-separated ``loss 2.0148 (1.9972)`` after a
+    running average in brackets); after ``|``, ``,``, ``:`` or ``]`` and up to 4 blanks;
+    after a number and 1 to 4 blanks (``step 100 loss 2.3``, a time of day ``10:00:00
+    step 5``); after `` - `` (Python logging's ``%(asctime)s - %(levelname)s -
+    %(message)s``). The key comes first and the context is looked behind it, each width
+    its own lookbehind (Python's are fixed-width): a regex that begins with its key
+    searches a line several times faster than one that begins with the context."""
     k = re.escape(key)
-    behind = [f"^{k}", *(rf"^\s{{{n}}}{k}" for n in range(1, 9)), rf"[|,:\]]{k}",
+    behind = [f"^{k}", *(rf"^\s{{{n}}}{k}" for n in range(1, 9)), rf"[|,:\]\t]{k}",
               *(rf"[|,:\]\d]\s{{{n}}}{k}" for n in range(1, 5)), rf"\s-\s{k}"]
     return k + "(?:" + "|".join(f"(?<={b})" for b in behind) + ")"
 
