@@ -121,6 +121,19 @@ def test_chance_level_names_the_nearest_k_where_the_bands_overlap() -> None:
     assert "ln 10 = 2.303" in f.message
 
 
+def test_an_accuracy_just_under_one_tenth_names_ten_classes_by_the_loss() -> None:
+    """A Fashion-MNIST run at chance (a blind set's Lightning log): validation accuracy
+    0.088-0.0915, its loss at ln 10 = 2.303. Rounding 1/0.0897 named 11 classes, and a
+    loss at ln 10 stood below ln 11: no chance at all. 1/9, 1/10 and 1/11 are all within
+    the accuracy's tolerance; the loss names 10."""
+    steps = np.arange(8.0)
+    loss = math.log(10) + np.array([0.004, -0.002, 0.003, -0.001, 0.002, -0.003, 0.001, 0.0])
+    acc = np.array([0.0915, 0.088, 0.0897, 0.0902, 0.0885, 0.0899, 0.0893, 0.0896])
+    (f,) = judged(job_of({"val_loss": (steps, loss), "val_acc": (steps, acc)}), "plateau")
+    assert f.evidence["kind"] == "chance" and f.evidence["classes"] == 10
+    assert "ln 10 = 2.303" in f.message
+
+
 def test_a_held_out_accuracy_near_one_third_names_no_k_where_training_learns() -> None:
     """A CIFAR-10 model (a blind set's Lightning run, labelled spiky): held-out accuracy
     0.17-0.42 around 1/3 and its loss unstable at 1.6-4.7, above ln 3, while its training

@@ -625,7 +625,7 @@ class Plateau(Rule):
             enough = len(a) >= p.chance_min_points
             # two evaluations at 1/K name K for a loss that sits in ln K's band itself
             if len(a) >= 2 and 0 < median(a) <= 1:
-                found = self._chance_confirmed(a, best)
+                found = self._chance_confirmed(a, best, end)
                 if found is not None and (end <= found[1] * (1 + p.chance_band) or (
                         enough and not falling and not self._learns_across(job, raw, found[0]))):
                     return found
@@ -677,21 +677,36 @@ class Plateau(Rule):
             return None
         return acc.name, len(a)
 
-    def _chance_confirmed(self, a: FloatArray, best: float
+    def _chance_confirmed(self, a: FloatArray, best: float, end: float
                           ) -> tuple[int, float, float | None] | None:
         """K from accuracy ``a`` near 1/K (at the start of the run and at its end, within
         the accuracy's own noise), and a loss whose best level ``best`` never went
-        meaningfully below ln K: worse than chance is not learning either."""
+        meaningfully below ln K: worse than chance is not learning either. Where several
+        K are near (an accuracy of 0.0897 is within the tolerance of 1/9, 1/10 and 1/11),
+        the one whose ln K is nearest the loss's latest level ``end``: rounding 1/0.0897
+        named 11, and a 10-class loss at ln 10 stood below ln 11."""
         p: PlateauParams = self.params
         m = median(a)
-        k = round(1.0 / m)
-        if k < 2 or abs(m * k - 1.0) > p.chance_acc_tolerance:
+        if not m > 0:
             return None
+        tol = p.chance_acc_tolerance
+        lo = max(2, math.ceil((1 - tol) / m - 1e-9))
+        hi = math.floor((1 + tol) / m + 1e-9)  # the K with |m K - 1| <= tol
+        if lo > hi:
+            return None
+        # ln K nearest the loss (the whole numbers either side of e^end, within [lo, hi]);
+        # a loss above every band says nothing of K: then the accuracy's own nearest
+        if math.isfinite(end) and end <= math.log(hi) * (1 + p.chance_band):
+            guess = math.exp(end)
+            near = {min(max(n, lo), hi) for n in (math.floor(guess), math.ceil(guess))}
+            k = min(near, key=lambda n: (abs(math.log(n) - end), abs(m * n - 1.0)))
+        else:
+            k = min(max(round(1.0 / m), lo), hi)
         head, tail = span_thirds(np.arange(len(a), dtype=float))
         # Batch accuracies are noisy (a binomial on a few dozen samples): the tolerance
         # widens to the margin of the tail's median.
         se = 1.25 * diff_sigma(a) / math.sqrt(max(int(tail.sum()), 1))
-        tol = max(p.chance_acc_tolerance, self._t(len(a)) * se * k)
+        tol = max(tol, self._t(len(a)) * se * k)
         if any(abs(median(a[part]) * k - 1.0) > tol for part in (head, tail) if part.any()):
             return None
         ln_k = math.log(k)
