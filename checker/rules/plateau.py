@@ -682,9 +682,9 @@ class Plateau(Rule):
         """K from accuracy ``a`` near 1/K (at the start of the run and at its end, within
         the accuracy's own noise), and a loss whose best level ``best`` never went
         meaningfully below ln K: worse than chance is not learning either. Where several
-        K are near (an accuracy of 0.0897 is within the tolerance of 1/9, 1/10 and 1/11),
-        the one whose ln K is nearest the loss's latest level ``end``: rounding 1/0.0897
-        named 11, and a 10-class loss at ln 10 stood below ln 11."""
+        K are near (an accuracy of 0.0897 is within the tolerance of 1/10, 1/11 and 1/12),
+        the loss's latest level ``end`` picks those whose chance band holds it: rounding
+        1/0.0897 named 11, and a 10-class loss at ln 10 stood below ln 11."""
         p: PlateauParams = self.params
         m = median(a)
         if not m > 0:
@@ -694,14 +694,14 @@ class Plateau(Rule):
         hi = math.floor((1 + tol) / m + 1e-9)  # the K with |m K - 1| <= tol
         if lo > hi:
             return None
-        # ln K nearest the loss (the whole numbers either side of e^end, within [lo, hi]);
-        # a loss above every band says nothing of K: then the accuracy's own nearest
-        if math.isfinite(end) and end <= math.log(hi) * (1 + p.chance_band):
-            guess = math.exp(end)
-            near = {min(max(n, lo), hi) for n in (math.floor(guess), math.ceil(guess))}
-            k = min(near, key=lambda n: (abs(math.log(n) - end), abs(m * n - 1.0)))
-        else:
-            k = min(max(round(1.0 / m), lo), hi)
+        # of those whose chance band holds the loss's latest level, the accuracy's nearest
+        # (a band is 5 % of ln K wide: ln 52 to ln 54 all hold a loss at ln 53); where no
+        # band holds it (a loss above chance), the accuracy's nearest of all
+        near = (list(range(lo, hi + 1)) if hi - lo <= 64  # K up to some 400
+                else [min(max(round(1.0 / m), lo), hi)])
+        fits = [n for n in near if math.log(n) * (1 - p.chance_tolerance) <= end
+                <= math.log(n) * (1 + p.chance_band)]
+        k = min(fits or near, key=lambda n: abs(m * n - 1.0))
         head, tail = span_thirds(np.arange(len(a), dtype=float))
         # Batch accuracies are noisy (a binomial on a few dozen samples): the tolerance
         # widens to the margin of the tail's median.
