@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from trainguard.checker.model import FloatArray
 
@@ -148,4 +149,22 @@ def ffill(values: FloatArray, lead: float | None) -> FloatArray:
     out = values[idx]
     first = int(np.argmax(ok))
     out[:first] = values[first] if lead is None else lead
+    return out
+
+
+#: A rate's bounds: a score at 0 or 1 record after record is a new batch scoring so.
+RATE_BOUNDS = (0.0, 1.0)
+
+
+def measured(v: FloatArray) -> npt.NDArray[np.bool_]:
+    """Per value of ``v``, whether it is a new measurement: not a repeat of the value
+    before it, unless that is a rate's bound. A return logged at every step of its
+    episode (248.60844 twelve times, then 18.9 twenty-two times), or a mean over
+    episodes not updated while none ended (stable-baselines3's ``ep_rew_mean``), is one
+    measurement; a verifier's 0 (or 1) at record after record is a new batch scoring
+    nothing (or all) each time."""
+    if len(v) < 2:
+        return np.ones(len(v), dtype=bool)
+    out = np.ones(len(v), dtype=bool)
+    out[1:] = (v[1:] != v[:-1]) | (v[1:] == 0) | (v[1:] == 1)
     return out

@@ -137,3 +137,20 @@ def test_a_reward_near_zero_changes_by_its_own_units_not_by_thousands_of_percent
     assert "never improved on its first value 0.8" in f.message
     assert "-0.1 at a level of 0.025" in f.message and "%" not in f.message
     assert f.evidence["rel_improvement"] == pytest.approx(-4.0)  # the machine form keeps it
+
+
+def test_a_return_logged_at_every_step_of_its_episode_is_one_measurement() -> None:
+    """A CartPole log (a blind set's ``training_log.csv``, 51,165 rows) writes each
+    episode's return at every step of it: 248.6 twelve times, then 18.9 twenty-two times,
+    then 118.3 ... Read as records, one short episode was 22 low points after 12 high
+    ones: a collapse, critical at record 17, and 5 rows of one episode "not learning". A
+    value logged again unchanged is one measurement (but a rate's bounds, 0 and 1)."""
+    rng = np.random.default_rng(11)
+    returns = np.round(np.abs(rng.normal(100, 60, 200)) + np.linspace(0, 300, 200), 5)
+    returns[0], returns[1] = 248.60844, 18.93311  # a good first episode, a short second
+    steps = rng.integers(8, 30, 200)  # rows per episode
+    job = job_of(np.repeat(returns, steps))
+    result = replay(job, Policy())
+    assert [h.rule for h in result.histories
+            if h.rule in ("divergence", "plateau") and h.worst.rank >= Severity.WARNING.rank] \
+        == []

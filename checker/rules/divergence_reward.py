@@ -36,6 +36,7 @@ import numpy as np
 from trainguard.checker.follow import Band
 from trainguard.checker.model import FloatArray, Series
 from trainguard.checker.seen import Track
+from trainguard.checker.stats import RATE_BOUNDS, measured
 
 _MAX = sys.float_info.max
 
@@ -97,6 +98,7 @@ class Collapse(Track):
         self.values: FloatArray | None = None  # the series' values, for the share below
         self._share = (math.nan, 0, 0, 0)  # (threshold, up to record, lows, points) counted
         self.fell: Fell | None = None
+        self.prev = math.nan  # the last finite value read
 
     def read(self, s: Series, p: CollapseParams) -> None:
         self.values = s.value
@@ -114,6 +116,9 @@ class Collapse(Track):
         if x < 0:
             self.negative, self.fell = True, None
             return
+        if x == self.prev and x not in RATE_BOUNDS:
+            return  # the same measurement logged again (``stats.measured``)
+        self.prev = x
         k = p.recover_points
         self.n += 1
         self.latest.append(x)
@@ -148,14 +153,16 @@ class Collapse(Track):
         found again after the level rose."""
         if self.values is None:
             return
-        run, at = 0, -1
+        run, at, after = 0, -1, math.nan
         for j in range(i - 1, -1, -1):
             x = float(self.values[j])
             if not math.isfinite(x):
                 continue
             if x > threshold:
                 break
-            run, at = run + 1, j
+            if x != after or x in RATE_BOUNDS:  # a value logged again counts once
+                run += 1
+            at, after = j, x
         self.run, self.run_at = run, at
 
     def _low_share(self, threshold: float) -> float:
@@ -168,8 +175,9 @@ class Collapse(Track):
         was, upto, lows, points = self._share
         if threshold != was or self.run_at < upto:
             upto = lows = points = 0
-        v = self.values[upto:self.run_at]
+        v = self.values[max(upto - 1, 0):self.run_at]
         v = v[np.isfinite(v)]
+        v = v[measured(v)][1 if upto > 0 else 0:]
         lows, points = lows + int((v <= threshold).sum()), points + len(v)
         self._share = (threshold, self.run_at, lows, points)
         return _upper(lows, points)

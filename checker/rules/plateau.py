@@ -71,6 +71,7 @@ from trainguard.checker.registry import register
 from trainguard.checker.rules.base import Context, Rule, param
 from trainguard.checker.stats import (
     diff_sigma,
+    measured,
     median,
     resolution,
     rolling_median3,
@@ -213,6 +214,10 @@ class Plateau(Rule):
         p: PlateauParams = self.params
         if not np.isfinite(raw.value[-1]):
             return []  # the divergence rule is on it
+        if self._rl(raw, ctx.policy) and not (keep := measured(raw.value)).all():
+            # a reward logged again unchanged is one measurement (a return written at
+            # every step of its episode: 5 records of one episode were "not learning")
+            raw = Series(raw.name, raw.time[keep], raw.step[keep], raw.value[keep])
         phase = phase_start(job)
         if phase is not None:
             # judged from where its latest phase began: a run begun late is never called
