@@ -166,7 +166,7 @@ def test_a_forged_reward_collapse_alone_never_stops_the_job(watchdog: Watchdog) 
     watchdog.policy(policy())
     cw = client("cloudwatch", watchdog.moto_url)
     now = time.time()
-    values = [0.8] * 30 + [0.0] * 10
+    values = [0.8 + 0.025 * (i % 3) for i in range(30)] + [0.0] * 10
     data = [{"MetricName": "reward",
              "Dimensions": [{"Name": "TrainingJobName", "Value": watchdog.job}],
              "Timestamp": now - 60 * (len(values) - i), "Value": v}
