@@ -163,8 +163,6 @@ def measured(v: FloatArray) -> npt.NDArray[np.bool_]:
     episodes not updated while none ended (stable-baselines3's ``ep_rew_mean``), is one
     measurement; a verifier's 0 (or 1) at record after record is a new batch scoring
     nothing (or all) each time."""
-    if len(v) < 2:
-        return np.ones(len(v), dtype=bool)
     out = np.ones(len(v), dtype=bool)
-    out[1:] = (v[1:] != v[:-1]) | (v[1:] == 0) | (v[1:] == 1)
+    out[1:] = (v[1:] != v[:-1]) | np.isin(v[1:], RATE_BOUNDS)
     return out

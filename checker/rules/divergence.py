@@ -290,33 +290,18 @@ class Divergence(Rule):
                 f"{fell.level / p.collapse_factor:.4g} for {fell.points} points from "
                 f"{where}: the policy collapsed and no longer earns what it did (where every "
                 "reward is alike, GRPO's advantages are all 0 and nothing brings it back)")
-        evidence: dict[str, object] = {"kind": "reward_collapse", "metric": s.name,
-                                       "level_before": fell.level,
-                                       "value": _num(s.value[fell.at])}
-        severity = Severity.CRITICAL
-        if fell.back is not None:
-            back = float(s.step[fell.back]) if np.isfinite(s.step[fell.back]) else None
-            what += "; recovered at " + (f"step {back:g}" if back is not None
-                                         else f"record {fell.back}")
-            evidence.update(kind="recovered", recovered=True, recovered_step=back,
-                            recovered_at=float(s.time[fell.back]), fired_step=step,
-                            fired_at=float(s.time[fell.at]))
-            severity = Severity.INFO
-        return Finding(job_id=job.id, rule=self.name, severity=severity, message=what,
-                       started_at=float(s.time[fell.at]), step=step, evidence=evidence)
+        f = Finding(job_id=job.id, rule=self.name,
+                    severity=Severity.CRITICAL if fell.back is None else Severity.INFO,
+                    message=what, started_at=float(s.time[fell.at]), step=step,
+                    evidence={"kind": "reward_collapse", "metric": s.name,
+                              "level_before": fell.level, "value": _num(s.value[fell.at])})
+        return f if fell.back is None else _came_back(f, s, fell.back)
 
     def _recovered(self, job: Job, s: Series, t: Blowups | Climbs, start: int, end: int,
                    nan_at: int | None, what: str, eval_only: bool) -> Finding:
         """A divergence the run came back from: info as of now, saying when it fired."""
-        f = self._finding(job, s, t, start, nan_at, Severity.INFO, what, eval_only)
-        back = float(s.step[end]) if np.isfinite(s.step[end]) else None
-        # no count of the points since: the finding stands unchanged while the run goes on
-        f.message += f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
-        f.evidence.update(recovered=True, recovered_step=back,
-                          recovered_at=float(s.time[end]), fired_step=f.step,
-                          fired_at=f.started_at)
-        f.evidence["kind"] = "recovered"
-        return f
+        return _came_back(self._finding(job, s, t, start, nan_at, Severity.INFO, what,
+                                        eval_only), s, end)
 
     def _finding(self, job: Job, s: Series, t: Blowups | Climbs, start: int, nan_at: int | None,
                  severity: Severity, what: str, eval_only: bool = False) -> Finding:
@@ -342,6 +327,17 @@ class Divergence(Rule):
             message=f"{s.name} {what} at {where} (value {_fmt(s.value[start])}){note}",
             started_at=float(s.time[start]), step=step, evidence=evidence,
         )
+
+
+def _came_back(f: Finding, s: Series, end: int) -> Finding:
+    """``f`` (info) saying the run came back at record ``end`` of ``s``, and when it
+    fired. No count of the points since: it stands unchanged while the run goes on."""
+    back = float(s.step[end]) if np.isfinite(s.step[end]) else None
+    f.message += f"; recovered at {f'step {back:g}' if back is not None else f'record {end}'}"
+    f.evidence.update(kind="recovered", recovered=True, recovered_step=back,
+                      recovered_at=float(s.time[end]), fired_step=f.step,
+                      fired_at=f.started_at)
+    return f
 
 
 def _add(bands: dict[str, Band] | None, name: str, band: Band | None) -> dict[str, Band] | None:

@@ -26,6 +26,7 @@ once the median of its latest ``recover_points`` is back at half the level it fe
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -57,12 +58,6 @@ class Fell:
     level: float  # the best level before it
     points: int  # the low points in a row that made it one
     back: int | None = None
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 #: How unlikely, by the reward's own history, a run of low points must be to be a collapse.
@@ -126,7 +121,7 @@ class Collapse(Track):
         if len(self.latest) > k:
             self.latest.popleft()
         if len(self.latest) == k:
-            self.pending.append(_median(list(self.latest)))
+            self.pending.append(statistics.median(self.latest))
             if len(self.pending) > k and (old := self.pending.popleft()) > self.best:
                 # its window now lies wholly before the latest k: a higher level makes
                 # low points of ones before that were not, the run among them
