@@ -26,6 +26,7 @@ once the median of its latest ``recover_points`` is back at half the level it fe
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -76,13 +77,6 @@ def _upper(lows: int, points: int) -> float:
     return min((centre + spread) / (1 + z2 / points), 1.0)
 
 
-def _median(values: deque[float]) -> float:
-    # not ``statistics.median``: importing it costs the Lambda's cold start 5 ms
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 class Collapse(Track):
     """The reward's collapse test, fed a record at a time or in chunks (the same result)."""
 
@@ -127,7 +121,7 @@ class Collapse(Track):
         if len(self.latest) > k:
             self.latest.popleft()
         if len(self.latest) == k:
-            self.pending.append(_median(self.latest))
+            self.pending.append(statistics.median(self.latest))
             if len(self.pending) > k and (old := self.pending.popleft()) > self.best:
                 # its window now lies wholly before the latest k: a higher level makes
                 # low points of ones before that were not, the run among them
