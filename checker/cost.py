@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from typing import Any
@@ -142,7 +143,38 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
         for i in np.flatnonzero(silent & (prog.step[1:] == top)):
             found[i] = logged_again(job.series, source, float(prog.time[i + 1]),
                                     float(prog.step[i + 1]))
+        if job.launches or job.finishes:
+            # the log says a process ended or another began in the silence: the next
+            # record is the new process's, even where it goes on at the next step
+            marks = np.sort(np.asarray([*job.launches, *job.finishes]))
+            at = np.flatnonzero(silent & ~found)
+            lo = np.searchsorted(marks, prog.time[at], "left")
+            hi = np.searchsorted(marks, prog.time[at + 1], "right")
+            found[at[hi > lo]] = True
     return np.flatnonzero(found) + 1
+
+
+#: No log line for this long before a launch: the processes before it had ended, and the
+#: new one's silence counts from its own launch (a restart loop writes on).
+QUIET_S = 1800.0
+
+
+def launched_since(job: Job, last: float, now: float) -> float | None:
+    """The launch (``Job.launches``) after ``last`` and by ``now`` that a silence counts
+    from: the first, as processes that die one after another before their first record
+    are one silence, unless the log said nothing for ``QUIET_S`` before a later one (a
+    process begun and stopped by hand, hours before the one that ran)."""
+    later = [t for t in job.launches if last < t <= now]
+    if not later:
+        return None
+    times = [line.time for line in job.logs]
+    start = later[0]
+    for before, launch in itertools.pairwise(later):
+        i = bisect.bisect_left(times, launch)
+        said = max(times[i - 1] if i else -math.inf, before)
+        if launch - said > QUIET_S:
+            start = launch
+    return start
 
 
 def fruitless(prog: Series, back: np.ndarray) -> np.ndarray:

@@ -130,6 +130,11 @@ class Job:
     #: restart or a resume from a checkpoint appended to the same file); the series hold
     #: what the later session wrote, as TensorBoard shows them.
     superseded: int = 0
+    #: Where a local log shows a new process of the run beginning (its opening written
+    #: again) and one saying training finished (``adapters/local/marks.py``): a silence
+    #: across either is the job down between two processes, not a hang (``cost.resumes``).
+    launches: list[float] = field(default_factory=list)
+    finishes: list[float] = field(default_factory=list)
     series: dict[str, Series] = field(default_factory=dict)
     logs: list[LogLine] = field(default_factory=list)
     #: The same metrics per host (SageMaker ``algo-1``, a Kubernetes pod, an Azure ML
@@ -167,6 +172,8 @@ class Job:
             hosts={h: {k: s.until(t) for k, s in by.items()} for h, by in self.hosts.items()},
             logs=[line for line in self.logs if line.time <= t],
             restart_times=[r for r in self.restart_times if r <= t],
+            launches=[m for m in self.launches if m <= t],
+            finishes=[m for m in self.finishes if m <= t],
             restarts=sum(1 for r in self.restart_times if r <= t)
             if self.restart_times else self.restarts,
         )

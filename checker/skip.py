@@ -37,9 +37,9 @@ class Span:
     def __init__(self, job: Job, times: FloatArray, down: list[tuple[float, float]]) -> None:
         self.job, self.times = job, times
         self.cols = {k: s.time for k, s in job.series.items()}
-        # the job's state, end or restarts change at these moments (a down stretch: at
-        # both ends)
-        edges = [t for pair in down for t in pair] + list(job.restart_times)
+        # the job's state, end, restarts or launches change at these moments (a down
+        # stretch: at both ends)
+        edges = [t for pair in down for t in pair] + [*job.restart_times, *job.launches]
         if job.end_time is not None:
             edges.append(job.end_time)
         self.edges = np.sort(np.asarray(edges, dtype=np.float64))

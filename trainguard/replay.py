@@ -258,10 +258,13 @@ class Cuts:
         # in between say so instead of calling the job running. Hindsight, stated as such.
         # Not before a resume that follows one whose process got no further: a restart
         # loop is a stall from its first resume (``cost.counted_resumes``).
+        # Where the log says a new process began in the silence (``Job.launches``), down
+        # ends there: ``stall`` judges the new process's silence from its launch.
         prog = cost.progress(job)
         self.down = [] if prog is None else [
-            (float(prog.time[i - 1]), float(prog.time[i]))
-            for i in cost.counted_resumes(prog, cost.resumes(prog, job))]
+            (a, cost.launched_since(job, a, b) or b)
+            for a, b in ((float(prog.time[i - 1]), float(prog.time[i]))
+                         for i in cost.counted_resumes(prog, cost.resumes(prog, job)))]
         # what changed from the cut before to the last one made
         self.grown: set[str] = set()
         self.logs_grown = self.state_changed = True
@@ -342,6 +345,8 @@ class Cuts:
             if job.hosts else job.hosts,
             logs=logs,
             restart_times=restarts,
+            launches=[x for x in job.launches if x <= t] if job.launches else job.launches,
+            finishes=[x for x in job.finishes if x <= t] if job.finishes else job.finishes,
             restarts=len(restarts) if job.restart_times else job.restarts,
         )
         return cut

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainguard.adapters.local.definitions import MetricDefinition
+from trainguard.adapters.local.marks import Marks
 from trainguard.adapters.local.names import recognise
 from trainguard.adapters.local.sessions import superseded
 from trainguard.checker.cost import RESUME_GAP_FACTOR, logged_again
@@ -133,6 +134,9 @@ class RunBuilder:
         self.elapsed: list[float] = []
         self.row: list[int] = []
         self.logs: deque[tuple[int, str]] = deque(maxlen=MAX_LOG_LINES)
+        self.marks = Marks()
+        self._recorded = False  # whether a record came before the entries looked at
+        self._looked = 0  # entries looked at for a record
         self.id: str | None = None
         self.name: str | None = None
         self.state = JobState.RUNNING
@@ -164,6 +168,10 @@ class RunBuilder:
         """A raw log line; only the last ``MAX_LOG_LINES`` are kept."""
         if len(self.logs) == MAX_LOG_LINES:
             self.kind[self.logs[0][0]] = -2  # dropped
+        if not self._recorded:  # readers append records to the columns directly
+            self._recorded = any(k >= 0 for k in self.kind[self._looked:])
+            self._looked = len(self.kind)
+        self.marks.line(len(self.kind), text, self._recorded)
         self.logs.append((len(self.kind), text))
         self.kind.append(-1)
         self.value.append(NAN)
@@ -245,6 +253,8 @@ class RunBuilder:
             keep = np.argsort(time[pos], kind="stable")
             texts = [t for _, t in self.logs]
             job.logs = [LogLine(float(time[pos[i]]), texts[i]) for i in keep]
+        if job.clock != "step":
+            job.launches, job.finishes = self.marks.times(kind, time)
         first = [float(s.time[0]) for s in job.series.values() if len(s)]
         first += [job.logs[0].time] if job.logs else []
         job.start_time = self.start_time if self.start_time is not None else (

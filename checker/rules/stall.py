@@ -31,6 +31,7 @@ import numpy as np
 from trainguard.checker.cost import (
     RESUME_GAP_FACTOR,
     fruitless,
+    launched_since,
     logged_again,
     progress_source,
     resumes,
@@ -401,9 +402,11 @@ def _writing(job: Job, last: float, now: float, recent: float) -> tuple[int, flo
 
 
 def _restart_since(job: Job, last: float, now: float) -> float | None:
-    """The latest restart of the job after ``last`` and by ``now``, if any."""
+    """The latest restart of the job after ``last`` and by ``now``, if any; else the
+    new process its log shows beginning since that the silence counts from
+    (``cost.launched_since``)."""
     later = [r for r in job.restart_times if last < r <= now]
-    return max(later) if later else None
+    return max(later) if later else launched_since(job, last, now)
 
 
 def _cadence_unknown(job: Job, c: Cadence | None) -> bool:

@@ -1,0 +1,148 @@
+"""A log written by two processes of one run, the second going on at the next step after
+hours: the silence between them was the job down, not a hang, where the log says so (the
+first process's opening written again, or a line saying training finished). Where it does
+not, a silence is a stall as before. Logs are built in the test and read by the real text
+reader (``adapters/local``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainguard.adapters.local import load_run
+from trainguard.checker import Policy
+from trainguard.checker.model import Severity
+from trainguard.replay import replay
+
+T0 = 1_700_000_000.0
+BANNER = ["trainer INFO: Using 2 GPUs",
+          "trainer INFO: Namespace(config_file='configs/r50.yaml', seed=7)",
+          "trainer INFO: Collecting env info (might take some time)",
+          "trainer INFO: PyTorch version: 2.1.0"]
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + ",000"
+
+
+def _log(tmp_path: Path, between: Sequence[str | float], first: list[str] | None = None,
+         per_epoch: list[str] | None = None, silence_s: float = 4 * 3600.0,
+         line_s: float = 0.0) -> Path:
+    """Steps 20..2000 every 20 steps, a record a minute; after step 1000 ``silence_s``
+    of nothing, then ``between`` (a line every ``line_s``) and the steps going on at
+    1020 (a number in ``between`` is that many seconds more of nothing). ``per_epoch``
+    lines come before every 100th step, as an epoch's header would."""
+    lines = [f"{_stamp(T0)} {x}" for x in (BANNER if first is None else first)]
+    t = T0 + 60.0
+    for step in range(20, 2001, 20):
+        if step == 1020:
+            t += silence_s
+            for x in between:
+                if isinstance(x, float):
+                    t += x
+                    continue
+                lines.append(f"{_stamp(t)} {x}")
+                t += line_s
+            t += 60.0
+        if per_epoch and step % 100 == 20:
+            lines += [f"{_stamp(t - 1)} {x}" for x in per_epoch]
+        lines.append(f"{_stamp(t)} trainer INFO: iter: {step}  loss: {2.0 / step ** 0.3:.4f}"
+                     f"  lr: 0.010000")
+        t += 60.0
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _stall(path: Path) -> Severity | None:
+    result = replay(load_run(path), Policy())
+    found = [h.worst for h in result.histories if h.rule == "stall"]
+    return found[0] if found else None
+
+
+def test_a_silence_with_nothing_after_it_but_the_next_step_is_a_stall(tmp_path: Path) -> None:
+    """The ground every mark stands on: without one, the records cannot tell a process
+    resumed by hand from a hang that ended, and the hang is stopped."""
+    assert _stall(_log(tmp_path, between=[])) is Severity.CRITICAL
+
+
+def test_the_opening_written_again_ends_the_silence_as_down(tmp_path: Path) -> None:
+    job = load_run(_log(tmp_path, between=BANNER))
+    assert len(job.launches) == 1
+    assert _stall(tmp_path / "log.txt") is None
+
+
+def test_a_line_saying_training_finished_ends_the_silence_as_down(tmp_path: Path) -> None:
+    path = _log(tmp_path, between=[])
+    text = path.read_text().replace("iter: 1020 ", "iter: 1020 ", 1)
+    # the first process says it finished after its last step
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if "iter: 1000 " in x)
+    lines.insert(at + 1, lines[at][:23] + " trainer INFO: Training complete in 16m 40s")
+    path.write_text("\n".join(lines) + "\n")
+    assert load_run(path).finishes
+    assert _stall(path) is None
+
+
+def test_a_banner_line_or_two_again_is_not_a_new_process(tmp_path: Path) -> None:
+    """Two of the opening's lines (its first among them) are not enough: a script may
+    print a line or two of its opening again (a reload of its data)."""
+    assert _stall(_log(tmp_path, between=BANNER[:2])) is Severity.CRITICAL
+
+
+def test_an_epochs_header_in_the_opening_is_not_a_new_process(tmp_path: Path) -> None:
+    """The first epoch's header is in the opening (before the first record) and comes
+    again with each epoch, three lines of it, one after the silence: no mark, since the
+    opening's first line (the process's banner) is not among them."""
+    header = ["trainer INFO: Epoch 1 starts", "trainer INFO: train loader: 100 batches",
+              "trainer INFO: lr schedule: cosine"]
+    path = _log(tmp_path, between=header, first=BANNER[:1] + header, per_epoch=header)
+    assert load_run(path).launches == []
+    assert _stall(path) is Severity.CRITICAL
+
+
+def test_a_restart_loop_in_the_silence_is_still_a_stall(tmp_path: Path) -> None:
+    """Three processes began after the silence and two died before their first record (a
+    loop of crashes, over two hours each): the job was down until the first began, and
+    made no progress from there, whoever ran it."""
+    loop = [*BANNER, "Traceback (most recent call last):", "RuntimeError: CUDA error"] * 2
+    path = _log(tmp_path, between=[*loop, *BANNER], line_s=1500.0)
+    assert len(load_run(path).launches) == 3
+    assert _stall(path) is Severity.CRITICAL
+
+
+def test_a_launch_aborted_by_hand_then_one_that_runs(tmp_path: Path) -> None:
+    """Four hours down, a process begun and stopped after a few minutes, another begun at
+    once that goes on at the next step a few minutes later: no stall (as maskrcnn-
+    benchmark's FCOS log shows)."""
+    path = _log(tmp_path, between=[*BANNER, *BANNER], line_s=100.0)
+    assert len(load_run(path).launches) == 2
+    assert _stall(path) is None
+
+
+def test_launches_stopped_by_hand_hours_before_the_one_that_ran(tmp_path: Path) -> None:
+    """Two processes begun and stopped within minutes, then nothing for three hours, then
+    the one that ran (as an SSD log shows): the processes before the quiet had ended, and
+    the last one is judged from its own launch."""
+    path = _log(tmp_path, between=[*BANNER, *BANNER, 3 * 3600.0, *BANNER], line_s=30.0)
+    assert len(load_run(path).launches) == 3
+    assert _stall(path) is None
+
+
+def test_a_live_check_gives_a_new_process_its_start_up_time(tmp_path: Path) -> None:
+    """Checked while the relaunched process loads (ten minutes after its banner, no
+    record yet): its silence counts from its launch, not from the last record hours ago.
+    Hours later with still no record, it is a stall again."""
+    from trainguard.checker import evaluate
+
+    path = _log(tmp_path, between=BANNER)
+    job = load_run(path)
+    (launch,) = job.launches
+    loading = [f for f in evaluate([job.until(launch + 600.0)], Policy(), launch + 600.0)
+               if f.rule == "stall"]
+    assert loading == []
+    late = launch + 3 * 3600.0
+    (f,) = [f for f in evaluate([job.until(launch + 30.0)], Policy(), late)
+            if f.rule == "stall"]
+    assert f.severity is Severity.CRITICAL and "since its restart" in f.message
