@@ -529,3 +529,78 @@ def test_a_keras_running_mean_gone_nan_keeps_the_epochs_clock(tmp_path: Path) ->
     loss = job.series["loss"]
     assert loss.value[0] == 0.7 and np.isnan(loss.value[1:]).all()
     assert job.clock != "step" and loss.time[0] > 0  # the first epoch's 21 s
+
+
+@pytest.mark.parametrize(("lines", "steps", "losses"), [
+    # detectron2's events writer: the loss is only "total_loss"
+    ("[11/01 20:14:15 d2.utils.events]: eta: 5:41:49  iter: 379  total_loss: 1.707  "
+     "loss_cls: 1.184  loss_box_reg: 0.475  time: 0.2293  lr: 0.003796  max_mem: 3782M\n"
+     "[11/01 20:14:20 d2.utils.events]: eta: 5:41:40  iter: 399  total_loss: 1.652  "
+     "loss_cls: 1.101  loss_box_reg: 0.469  time: 0.2291  lr: 0.003996  max_mem: 3782M\n",
+     [379, 399], [1.707, 1.652]),
+    # SSD (lufficc) and YOLOv3 in TensorFlow 2
+    ("2021-02-18 16:34:15,442 SSD.trainer INFO: iter: 000010, lr: 0.00009, total_loss: "
+     "24.441 (24.441), cls_loss: 21.283 (21.283), reg_loss: 3.157 (3.157)\n"
+     "2021-02-18 16:34:45,442 SSD.trainer INFO: iter: 000020, lr: 0.00018, total_loss: "
+     "20.110 (22.275), cls_loss: 17.001 (19.142), reg_loss: 3.109 (3.133)\n",
+     [10, 20], [24.441, 20.110]),
+    ("=> STEP  748   lr: 0.000598   giou_loss: 2.10   conf_loss: 6.18   total_loss: 8.31\n"
+     "=> STEP  749   lr: 0.000599   giou_loss: 2.05   conf_loss: 6.01   total_loss: 8.07\n",
+     None, [8.31, 8.07]),
+    # a re-identification trainer's spaced fields: "loss_total 10.812"
+    ("  Iter: [000/3877]   Freq 10.6   loss_target 0.000   loss_ml 13879.977   "
+     "loss_total 10.812   [2020-04-17 18:04:08]\n"
+     "  Iter: [010/3877]   Freq 11.2   loss_target 0.001   loss_ml 12011.002   "
+     "loss_total 9.774   [2020-04-17 18:04:18]\n", None, [10.812, 9.774]),
+    # a maskrcnn-benchmark user's loop: "losses : 39.66"
+    ("iteration : 1, losses : 39.65670394897461\niteration : 2, losses : 31.2\n",
+     [1, 2], [39.65670394897461, 31.2]),
+    # mlx-lm's LoRA trainer
+    ("Iter 10: Train loss 2.416, Learning Rate 1.000e-05, It/sec 3.374\n"
+     "Iter 20: Train loss 2.118, Learning Rate 1.000e-05, It/sec 3.371\n",
+     [10, 20], [2.416, 2.118]),
+    # TRL's trainer prints its dict's values as strings
+    ("{'loss': '3.412', 'grad_norm': '0.9297', 'learning_rate': '1.071e-05', 'epoch': "
+     "'0.0179'}\n{'loss': '2.981', 'grad_norm': '0.8802', 'learning_rate': '2.142e-05', "
+     "'epoch': '0.0358'}\n", [0.0179, 0.0358], [3.412, 2.981]),
+    # a PyTorch tutorial's full-width colon (训练次数 is the step count, not read)
+    ("训练次数：100, Loss：1.9817659854888916\n训练次数：200, Loss：1.81\n",
+     None, [1.9817659854888916, 1.81]),
+    # OpenNMT-py: the training cross-entropy is "xent"
+    ("[2018-11-23 16:41:49,278 INFO] Step 50/100000; acc:   4.03; ppl: 42610.88; "
+     "xent: 10.66; lr: 1.00000; 10579/15225 tok/s;      4 sec\n"
+     "[2018-11-23 16:41:53,278 INFO] Step 100/100000; acc:   6.11; ppl: 3001.12; "
+     "xent: 8.01; lr: 1.00000; 10602/15225 tok/s;      8 sec\n", [50, 100], [10.66, 8.01]),
+])
+def test_the_losses_of_detectors_and_trainers_by_other_names(
+        tmp_path: Path, lines: str, steps: list[float] | None, losses: list[float]) -> None:
+    """Each read as "no data" (or no loss) with the default definitions before: a user's
+    ``trainguard check train.log`` found nothing to judge. Lines as the projects print
+    them, written here; ``steps`` None where no step is read (the records' order is the
+    step), as before."""
+    got_steps, got = _series(_read(tmp_path, lines), "loss")
+    assert got == losses
+    if steps is not None:
+        assert got_steps == steps
+
+
+def test_a_component_named_total_is_not_read_over_the_loss(tmp_path: Path) -> None:
+    """Where a line has its own "loss", a "total_loss" beside it does not replace it."""
+    job = _read(tmp_path, "step 1 loss: 2.5 total_loss: 9.0\nstep 2 loss: 2.25 total_loss: 8.5\n")
+    assert _series(job, "loss") == ([1, 2], [2.5, 2.25])
+
+
+@pytest.mark.parametrize("held_out", [
+    "Test Set : Mean loss: 0.4496, Test Accuracy : 98174/116323 (84.4%)",
+    "2018-01-28 02:24:49,711 INFO    : Epoch [199]/[199] \t Validation Phase Loss: 0.0277",
+    "INFO - 09/04/20 07:56:49 - 0:01:02 - Test:\tTime 4.750\tLoss 103.7909\tAcc@1 27.240",
+    "Epoch(val) [1][50/500]  eta: 0:01:00  loss: 0.9001",
+])
+def test_a_held_out_loss_named_earlier_on_its_line_is_not_the_training_loss(
+        tmp_path: Path, held_out: str) -> None:
+    """A word before the key that says the line is about held-out data (Test, Validation,
+    val...), not next to it: the training loss does not take the held-out values among
+    its own (a SwAV linear probe's test loss of 103 beside a training loss of 6.8 read as
+    a loss that "never improved on its first value")."""
+    lines = "".join(f"step {i} loss: {2.0 / i:.4f}\n{held_out}\n" for i in range(1, 4))
+    assert _series(_read(tmp_path, lines), "loss")[1] == [2.0, 1.0, 0.6667]

@@ -26,6 +26,13 @@ NUM = (r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w]|\.\d)"
        r"|[-+]?(?i:nan|inf(?:inity)?)\b)")
 
 
+# a word anywhere before an unqualified key that says the line is about held-out data:
+# "Test Set : Mean loss: 0.45", "Epoch [199]/[199]  Validation Phase Loss: 0.028",
+# "Test:<TAB>Time 4.750<TAB>Loss 103.79", MMEngine's "Epoch(val) [1][50/500] ... loss:
+# 0.9" (not "val_acc": "_" joins words)
+_HELD_OUT_BEFORE = r"(?i)\b(?:val|valid|validation|test|eval|evaluation|dev)\b"
+
+
 def at_word_start(key: str) -> str:
     """``key`` not inside a longer name ("loss" not in "train_loss"). The check is a
     lookbehind after the key, not before it, so the regex keeps its literal prefix and
@@ -43,6 +50,12 @@ def _shared(keys: tuple[str, ...]) -> str:
     return ""
 
 
+# between a key and its value: a quote closing the key, ":" or "=" (or a full-width "："
+# as Chinese tutorials print, "Loss：1.98"), a quote opening the value (TRL's trainer
+# prints its dict's values as strings, "{'loss': '3.412', ...}")
+_SEP = "['\"]?\\s*[:=\uff1a]\\s*['\"]?"
+
+
 def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     """``key=value`` or ``key: value``, for any spelling of the key (the leftmost on the
     line); the key may be quoted (the dict the Hugging Face Trainer prints, ``{'loss':
@@ -50,7 +63,7 @@ def _kv(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
     line of every log."""
     keys = keys or (name,)
     return (MetricDefinition(name, "(?:" + "|".join(at_word_start(k) for k in keys)
-                             + r")['\"]?\s*[:=]\s*" + NUM, needle=_shared(keys)),)
+                             + ")" + _SEP + NUM, needle=_shared(keys)),)
 
 
 def _field_start(key: str) -> str:
@@ -68,14 +81,14 @@ def _field_start(key: str) -> str:
     return k + "(?:" + "|".join(f"(?<={b})" for b in behind) + ")"
 
 
-def _spaced(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
+def _spaced(name: str, *keys: str, not_after: str = "") -> tuple[MetricDefinition, ...]:
     """``key value`` with only spaces between, where a field begins (``_field_start``):
     nanoGPT's ``iter 10: loss 4.5735``, ``step 5 | loss 3.2``, ``step 100 loss 2.3``,
     ``[train] iter 10:``, Megatron's `` iteration   1/ 500 |``, ``... - INFO - step 7``;
     not the ``loss 9.39`` inside "New best loss 9.39 -> saved"."""
     # one regex for all the spellings: each is a search per line of every log
     return (MetricDefinition(name, "(?:" + "|".join(_field_start(k) for k in keys)
-                             + r")\s+" + NUM, needle=_shared(keys)),)
+                             + r")\s+" + NUM, needle=_shared(keys), not_after=not_after),)
 
 
 # the words before "loss" that say whose it is ("Val Loss", "validation loss")
@@ -96,10 +109,11 @@ _BETWEEN = ("", "epoch ", "Epoch ", "batch ", "avg ", "average ", "mean ", "tota
 
 
 def _unqualified(name: str, *keys: str) -> tuple[MetricDefinition, ...]:
-    """``key: value`` as ``_kv``, not where a word before the key says whose it is."""
+    """``key: value`` as ``_kv``, not where a word before the key says whose it is, next
+    to it or anywhere before it that says held-out data."""
     return (MetricDefinition(name, "(?:" + "|".join(at_word_start(k) + "".join(
         f"(?<!{w} {b}{k})" for w in _QUALIFIERS for b in _BETWEEN) for k in keys)
-        + r")['\"]?\s*[:=]\s*" + NUM, needle=_shared(keys)),)
+        + ")" + _SEP + NUM, needle=_shared(keys), not_after=_HELD_OUT_BEFORE),)
 
 
 _STEP_OF_TOTAL = r"\s*[:=]?\s*(\d+)\s*/\s*\d+"
@@ -148,13 +162,20 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     *_kv("test_loss", "test_loss", *_qualified(("test", "Test"))),
     *_kv("train_loss", "train_loss", "TrainLoss", "trainLoss",
          *_qualified(("train", "Train", "training", "Training"))),
-    *_spaced("train_loss", "train_loss", "train loss", "Train Loss"),
+    *_spaced("train_loss", "train_loss", "train loss", "Train Loss", "Train loss",
+             "training loss", "Training loss", "Training Loss"),  # mlx-lm: "Train loss 2.4"
     # "loss", not where a word names whose it is: "Validation Loss: 0.41" on a line of
     # its own is the held-out loss, and read as the loss it would sit among the batches'
     *_unqualified("loss", "loss", "Loss"),
     # OLMo's trainer: "[step=1/15000,epoch=0]", then a line per metric
     *_kv("loss", "train/CrossEntropyLoss"),
-    *_spaced("loss", "loss", "Loss"),
+    *_spaced("loss", "loss", "Loss", not_after=_HELD_OUT_BEFORE),
+    # the sum of a detector's losses where no "loss" of its own is logged: detectron2's,
+    # YOLOX's and SSD's "total_loss: 1.707", "loss_total 10.812", maskrcnn-benchmark's
+    # "losses : 39.66"; OpenNMT's cross-entropy "xent: 10.66"
+    *_kv("loss", "total_loss", "loss_total", "losses"),
+    *_spaced("loss", "total_loss", "loss_total"),
+    *_unqualified("loss", "xent"),
     # an accuracy near 1/K beside a loss at ln K: a K-class task at chance (Keras prints
     # "accuracy: 0.1003 - val_accuracy: 0.1000", older Keras "acc:")
     *_kv("val_accuracy", "val_accuracy", "val_acc", "eval_accuracy",

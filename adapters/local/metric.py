@@ -20,6 +20,10 @@ class MetricDefinition:
     # a text every line the regex matches holds: lines without it are not searched (the
     # built-in definitions' keys have one; a log's own definitions are searched on every line)
     needle: str = ""
+    # a regex: where it matches the line before the value's match, the value is not read
+    # (the built-in "loss": not after a word that says held-out data, "Test Set : Mean
+    # loss: 0.45")
+    not_after: str = ""
 
     def compile(self) -> re.Pattern[str]:
         try:

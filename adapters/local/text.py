@@ -69,13 +69,13 @@ def _role(d: MetricDefinition) -> int:
     return {STEP: STEP_ROLE, PLANNED: PLANNED_ROLE}.get(d.name, METRIC)
 
 
-Compiled = list[tuple[re.Pattern[str], int, int, str, float, str]]
+Compiled = list[tuple[re.Pattern[str], int, int, str, float, str, re.Pattern[str] | None]]
 
 
 def compile_definitions(
     definitions: list[MetricDefinition] | tuple[MetricDefinition, ...],
 ) -> Compiled:
-    """(regex, role, name id, name, scale), the step and time first; definitions of one
+    """(regex, role, name id, name, scale, needle, not_after), the step and time first; definitions of one
     name stay together, and on a line the first of them that matches wins (so
     ``train_time`` in ms and in s can share a name)."""
     ids: dict[tuple[int, str], int] = {}
@@ -83,7 +83,8 @@ def compile_definitions(
     for d in definitions:
         role = _role(d)
         gid = ids.setdefault((role, d.name), len(ids))
-        out.append((d.compile(), role, gid, d.name, d.scale, d.needle))
+        out.append((d.compile(), role, gid, d.name, d.scale, d.needle,
+                    re.compile(d.not_after) if d.not_after else None))
     out.sort(key=lambda item: (item[1], item[2]))  # stable: keeps each name's own order
     return out
 
@@ -116,8 +117,8 @@ class TextReader(Reader):
         kind, values, steps = run.kind.append, run.value.append, run.step.append
         walls, elapses, rows = run.wall.append, run.elapsed.append, run.row.append
         entries = [(rx, role, gid, name, scale, needle,
-                    run.index(name if role == METRIC else STEP))
-                   for rx, role, gid, name, scale, needle in compiled]
+                    run.index(name if role == METRIC else STEP), not_after)
+                   for rx, role, gid, name, scale, needle, not_after in compiled]
         clock = CumulativeTime()
         elapsed = step = math.nan
         source = False  # a line of Python source has been read
@@ -164,14 +165,15 @@ class TextReader(Reader):
                             wall = parse_timestamp(
                                 ts.group(1).replace(",", ".").replace("/", "-"))
                 hit = -1
-                for rx, role, gid, name, scale, needle, series in entries:
+                for rx, role, gid, name, scale, needle, series, not_after in entries:
                     if gid == hit or (ep is not None and series == epoch_series
                                       and role == METRIC):
                         continue  # an earlier definition of this name matched
                     if needle and needle not in line:
                         continue  # no line without its key matches it
                     m = rx.search(line)
-                    if m is None:
+                    if m is None or (not_after is not None
+                                     and not_after.search(line, 0, m.start())):
                         continue
                     text = m.group(1)
                     if text is None:
