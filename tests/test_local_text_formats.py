@@ -12,6 +12,7 @@ which holds its training script above its log, gave a validation loss of 0.0 (fr
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -604,3 +605,34 @@ def test_a_held_out_loss_named_earlier_on_its_line_is_not_the_training_loss(
     a loss that "never improved on its first value")."""
     lines = "".join(f"step {i} loss: {2.0 / i:.4f}\n{held_out}\n" for i in range(1, 4))
     assert _series(_read(tmp_path, lines), "loss")[1] == [2.0, 1.0, 0.6667]
+
+
+def test_the_mmcv_loggers_epoch_and_iteration(tmp_path: Path) -> None:
+    """MMCV's logger (mmdetection 2.x, mmsegmentation 0.x...): ``Epoch [E][i/N]``, its
+    iteration starting again each epoch. Neither was read before: the losses had no step
+    and no epoch, and plateau could not take per-epoch medians."""
+    line = ("2021-05-01 10:{m:02d}:00,000 - mmdet - INFO - Epoch [{e}][{i}/7330]\tlr: "
+            "1.000e-02, eta: 1 day, 2:03:04, time: 0.512, data_time: 0.101, memory: 3000, "
+            "loss_rpn_cls: 0.5012, loss_bbox: 0.4, loss: {v}\n")
+    text = "".join(line.format(m=k, e=1 + k // 3, i=50 * (1 + k % 3), v=2.0 - 0.1 * k)
+                   for k in range(9))
+    job = _read(tmp_path, text)
+    steps, losses = _series(job, "loss")
+    assert losses == pytest.approx([2.0 - 0.1 * k for k in range(9)])
+    assert steps[:3] == [50, 100, 150] and all(b > a for a, b in itertools.pairwise(steps))
+    assert _series(job, "epoch")[1] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+@pytest.mark.parametrize(("line", "epoch"), [
+    ("Epoch [3/10] TrainLoss=1.37 ValLoss=1.21", 3),
+    ("INFO - 09/04/20 07:56:54 - 0:01:06 - Epoch[1] - Iter: [0/13]\tLoss 98.9633", 1),
+    ("2018-01-28 02:24:30,079 INFO    : Epoch [199]/[199] \t Training Phase Loss: 0.0375", 199),
+])
+def test_an_epoch_in_brackets(tmp_path: Path, line: str, epoch: int) -> None:
+    job = _read(tmp_path, line + "\n")
+    assert _series(job, "epoch")[1] == [epoch]
+
+
+def test_mmcvs_validation_epoch_is_no_training_epoch(tmp_path: Path) -> None:
+    job = _read(tmp_path, "Epoch(val) [3][500]\tbbox_mAP: 0.3710, bbox_mAP_50: 0.5800\n")
+    assert "epoch" not in job.series

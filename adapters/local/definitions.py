@@ -146,6 +146,12 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(STEP, r"Iter\(train\)\s*\[\s*(\d+)/\d+\]", needle="Iter(train)"),
     MetricDefinition(PLANNED, r"Iter\(train\)\s*\[\s*\d+/(\d+)\]", needle="Iter(train)"),
     MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]", needle="Epoch(train)"),
+    # MMCV's logger (mmdetection 2.x and its kin): "Epoch [3][50/7330]", the epoch and
+    # its iteration (which starts again each epoch: the reader carries it on across
+    # epochs); a loop's "Epoch [3/10]", "Epoch[3]", "Epoch [199]/[199]" (not MMCV's
+    # "Epoch(val) [3][500]")
+    MetricDefinition("epoch", r"Epoch\s?\[\s*(\d+)\s*(?:/\s*\d+\s*)?\]", needle="Epoch"),
+    MetricDefinition(STEP, r"Epoch\s?\[\d+\]\s?\[\s*(\d+)\s*/\s*\d+\s*\]", needle="Epoch"),
     # build-nanogpt's log file (Karpathy's GPT-2 reproduction): "19072 train 3.021431",
     # "250 val 3.3417", "250 hella 0.2951"
     MetricDefinition(STEP, r"^(\d+) (?:train|val|hella) \S+\s*$"),

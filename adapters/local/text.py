@@ -75,9 +75,9 @@ Compiled = list[tuple[re.Pattern[str], int, int, str, float, str, re.Pattern[str
 def compile_definitions(
     definitions: list[MetricDefinition] | tuple[MetricDefinition, ...],
 ) -> Compiled:
-    """(regex, role, name id, name, scale, needle, not_after), the step and time first; definitions of one
-    name stay together, and on a line the first of them that matches wins (so
-    ``train_time`` in ms and in s can share a name)."""
+    """(regex, role, name id, name, scale, needle, not_after), the step and time first;
+    definitions of one name stay together, and on a line the first of them that matches
+    wins (so ``train_time`` in ms and in s can share a name)."""
     ids: dict[tuple[int, str], int] = {}
     out: Compiled = []
     for d in definitions:
