@@ -636,3 +636,20 @@ def test_an_epoch_in_brackets(tmp_path: Path, line: str, epoch: int) -> None:
 def test_mmcvs_validation_epoch_is_no_training_epoch(tmp_path: Path) -> None:
     job = _read(tmp_path, "Epoch(val) [3][500]\tbbox_mAP: 0.3710, bbox_mAP_50: 0.5800\n")
     assert "epoch" not in job.series
+
+
+def test_a_grpo_trainers_reward_and_sanas_global_step(tmp_path: Path) -> None:
+    """TRL's GRPO trainer prints its reward among its dict's keys (its collapse to 0 was
+    missed on default reading: only the loss, 0.0 throughout, was read), and not DPO's
+    ``rewards/chosen``; Sana's trainer its ``Global Step`` before a per-epoch one."""
+    job = _read(tmp_path, (
+        "{'loss': 0.0, 'grad_norm': 0.0, 'reward': 0.85, 'reward_std': 0.3, 'epoch': 0.01}\n"
+        "{'loss': 0.0, 'grad_norm': 0.0, 'reward': 0.025, 'reward_std': 0.1, 'epoch': 0.02}\n"
+        "{'loss': 0.69, 'rewards/chosen': 0.1, 'rewards/margins': 0.2, 'epoch': 0.03}\n"))
+    assert _series(job, "reward")[1] == [0.85, 0.025]
+    job = _read(tmp_path, (
+        "2025-03-18 12:00:04 - [Sana] - INFO - Epoch: 2 | Global Step: 2516 | Local Step: "
+        "639 // 1877, total_eta: 6:45:46, lr:4.330e-05, loss:0.1529\n"
+        "2025-03-18 12:00:29 - [Sana] - INFO - Epoch: 2 | Global Step: 2526 | Local Step: "
+        "649 // 1877, total_eta: 6:45:21, lr:4.330e-05, loss:0.1490\n"), "sana.log")
+    assert _series(job, "loss") == ([2516, 2526], [0.1529, 0.1490])

@@ -126,6 +126,8 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     # counts the epoch's batches
     MetricDefinition(STEP, at_word_start("global_step") + r"['\"]?\s*[:=]\s*" + NUM,
                      needle="global_step"),
+    # "Epoch: 2 | Global Step: 2516 | Local Step: 639 // 1877" (Sana's trainer)
+    *_kv(STEP, "Global Step", "global step"),
     MetricDefinition(STEP, at_word_start("step") + _STEP_OF_TOTAL, needle="step"),
     MetricDefinition(STEP, at_word_start("Step") + _STEP_OF_TOTAL, needle="Step"),
     # "step=N" anywhere; "step: N" where a field begins or as a quoted key, not in prose
@@ -190,6 +192,9 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
          *(f"{w} {k}" for w in ("train", "Train", "training", "Training")
            for k in ("accuracy", "Accuracy", "acc", "Acc"))),
     *_unqualified("accuracy", "accuracy", "Accuracy", "acc", "Acc"),
+    # an RL run's reward, as TRL's GRPO trainer prints it among its dict's keys (not DPO's
+    # "rewards/chosen"): the run is then judged by its reward, not its losses
+    *_kv("reward", "reward"),
     *_kv("lr", "lr", "learning_rate", "learning rate"),  # Megatron: "learning rate: 2.0E-07"
     *_kv("epoch", "epoch", "Epoch"),
     # a loop's "Epoch 3 | Step 120/6501 | Loss: 0.81": the epoch where a field begins
