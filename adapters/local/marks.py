@@ -16,9 +16,10 @@ in the processes' own words, tell it instead:
 
 Each mark is only evidence: ``cost.resumes`` reads one as a resume where the records
 around it are a silence far beyond the run's cadence. A replay calls the job down up to
-the silence's first launch; from there ``stall`` counts the new process's silence, with a
-start's allowance, so that processes that die before their first record, one after the
-other (a restart loop), are still a stall.
+the launch the new process's silence counts from (``cost.launched_since``: the first of
+launches one after another, as processes dying before their first record, a restart
+loop, are one silence; a later one after half an hour with no line); from there
+``stall`` counts it, with a start's allowance.
 """
 
 from __future__ import annotations
