@@ -146,17 +146,35 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
         if job.launches or job.finishes:
             # the log says a process ended or another began in the silence: the next
             # record is the new process's, even where it goes on at the next step
-            marks = np.sort(np.asarray([*job.launches, *job.finishes]))
             at = np.flatnonzero(silent & ~found)
-            lo = np.searchsorted(marks, prog.time[at], "left")
-            hi = np.searchsorted(marks, prog.time[at + 1], "right")
-            found[at[hi > lo]] = True
+            found[at] = [marked(job, float(prog.time[i]), float(prog.time[i + 1]))
+                         for i in at.tolist()]
     return np.flatnonzero(found) + 1
 
 
 #: No log line for this long before a launch: the processes before it had ended, and the
 #: new one's silence counts from its own launch (a restart loop writes on).
 QUIET_S = 1800.0
+
+
+def marked(job: Job, a: float, b: float) -> bool:
+    """Whether the log says, between ``a`` and ``b``, that a process of the run ended or
+    another began (``Job.finishes``, ``Job.launches``)."""
+    return any(a <= t <= b for t in job.launches) or any(a <= t <= b for t in job.finishes)
+
+
+def _fresh(job: Job, launches: list[float], since: float) -> list[bool]:
+    """Per launch (in time order, after ``since``): whether the log said nothing for
+    ``QUIET_S`` before it, since ``since`` or the launch before: the processes before it
+    had ended, and someone began this one (not a restart loop, which writes on)."""
+    times = [line.time for line in job.logs]
+    out, floor = [], since
+    for launch in launches:
+        i = bisect.bisect_left(times, launch)
+        said = max(times[i - 1] if i else -math.inf, floor)
+        out.append(launch - said > QUIET_S)
+        floor = launch
+    return out
 
 
 def launched_since(job: Job, last: float, now: float) -> float | None:
@@ -167,14 +185,20 @@ def launched_since(job: Job, last: float, now: float) -> float | None:
     later = [t for t in job.launches if last < t <= now]
     if not later:
         return None
-    times = [line.time for line in job.logs]
     start = later[0]
-    for before, launch in itertools.pairwise(later):
-        i = bisect.bisect_left(times, launch)
-        said = max(times[i - 1] if i else -math.inf, before)
-        if launch - said > QUIET_S:
+    for launch, fresh in zip(later[1:], _fresh(job, later[1:], later[0]), strict=True):
+        if fresh:
             start = launch
     return start
+
+
+def fresh_launch(job: Job | None, a: float, b: float) -> bool:
+    """Whether a process began between ``a`` and ``b`` after the log had said nothing
+    for ``QUIET_S`` (``_fresh``): a new attempt, whatever the processes before it did."""
+    if job is None or not job.launches:
+        return False
+    later = [t for t in job.launches if a < t <= b]
+    return any(_fresh(job, later, a))
 
 
 def fruitless(prog: Series, back: np.ndarray) -> np.ndarray:
@@ -185,15 +209,57 @@ def fruitless(prog: Series, back: np.ndarray) -> np.ndarray:
                      for a, b in zip(back.tolist(), ends, strict=True)], dtype=bool)
 
 
-def counted_resumes(prog: Series, back: np.ndarray) -> np.ndarray:
+def counted_resumes(prog: Series, back: np.ndarray, job: Job | None = None) -> np.ndarray:
     """The resumes in ``back`` that are progress: not those that follow a resume whose
     process got no further. A restart loop (each process writes its checkpoint's record
     again and dies) is one long silence from its first resume, not a string of fresh
-    starts, each of which would hide the one before."""
+    starts, each of which would hide the one before. A resume its log shows begun after
+    half an hour of nothing (``fresh_launch``, given ``job``) is a fresh start all the
+    same: the user came back to the run."""
     if not len(back):
         return back
     dead = fruitless(prog, back)
-    return back[np.r_[True, ~dead[:-1]]]
+    keep = np.r_[True, ~dead[:-1]]
+    for k in np.flatnonzero(~keep).tolist():
+        i = int(back[k])
+        keep[k] = fresh_launch(job, float(prog.time[i - 1]), float(prog.time[i]))
+    return back[keep]
+
+
+def down_spans(prog: Series, job: Job) -> list[tuple[float, float]]:
+    """Where the job was down, in hindsight: from the record before each counted resume
+    to the resume, or to the launch its new process's silence counts from
+    (``launched_since``); and from the last record to a launch after it, beyond the
+    run's cadence (a process begun again when the log ends, before its first record)."""
+    spans = []
+    for i in counted_resumes(prog, resumes(prog, job), job).tolist():
+        a, b = float(prog.time[i - 1]), float(prog.time[i])
+        spans.append((a, launched_since(job, a, b) or b))
+    if job.launches and len(prog) >= 3:
+        a = float(prog.time[-1])
+        start = launched_since(job, a, math.inf)
+        if start is not None and start - a > RESUME_GAP_FACTOR * float(
+                np.median(np.diff(prog.time))):
+            spans.append((a, start))
+    return spans + _down_before(job, float(prog.time[0]) if len(prog) else math.inf)
+
+
+def _down_before(job: Job, first: float) -> list[tuple[float, float]]:
+    """Down before the first record, where no cadence is known yet: from a line saying
+    training finished to the next launch (or the first record), and from a process's
+    last line to a launch after half an hour of nothing (``_fresh``): launches that
+    died or finished before the run that logged began."""
+    spans = []
+    launches = [t for t in job.launches if t < first]
+    for f in (t for t in job.finishes if t < first):
+        spans.append((f, next((t for t in launches if t > f), first)))
+    if launches:
+        times = [line.time for line in job.logs]
+        for launch, fresh in zip(launches, _fresh(job, launches, -math.inf), strict=True):
+            i = bisect.bisect_left(times, launch)
+            if fresh and i:
+                spans.append((times[i - 1], launch))
+    return spans
 
 
 def update_times(prog: Series, job: Job | None = None,
@@ -207,7 +273,7 @@ def update_times(prog: Series, job: Job | None = None,
         return np.empty(0)
     if back is None:
         back = resumes(prog, job)
-    counted = set(counted_resumes(prog, back).tolist())
+    counted = set(counted_resumes(prog, back, job).tolist())
     starts = [0, *back.tolist(), len(prog)]
     rises = np.empty(len(prog), dtype=bool)
     for a, b in itertools.pairwise(starts):

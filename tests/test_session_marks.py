@@ -6,6 +6,7 @@ reader (``adapters/local``)."""
 
 from __future__ import annotations
 
+import calendar
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,11 @@ BANNER = ["trainer INFO: Using 2 GPUs",
 
 def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + ",000"
+
+
+def _time(line: str) -> float:
+    """The time a line built by ``_stamp`` begins with."""
+    return float(calendar.timegm(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")))
 
 
 def _log(tmp_path: Path, between: Sequence[str | float], first: list[str] | None = None,
@@ -146,3 +152,122 @@ def test_a_live_check_gives_a_new_process_its_start_up_time(tmp_path: Path) -> N
     (f,) = [f for f in evaluate([job.until(launch + 30.0)], Policy(), late)
             if f.rule == "stall"]
     assert f.severity is Severity.CRITICAL and "since its restart" in f.message
+
+
+def test_a_relaunch_that_has_not_logged_when_the_log_ends(tmp_path: Path) -> None:
+    """The log ends with a new process's banner, two days after the last record (as a
+    maskrcnn-benchmark log resumed from its checkpoint shows): the earlier process had
+    ended; the silence was the job down, not a 42-hour hang."""
+    path = _log(tmp_path, between=[], silence_s=0.0)
+    lines = path.read_text().splitlines()
+    later = _stamp(_time(lines[-1]) + 42 * 3600)
+    path.write_text("\n".join([*lines, *(f"{later} {x}" for x in BANNER)]) + "\n")
+    assert _stall(path) is None
+    # the same silence with nothing written after it: a stall
+    path.write_text("\n".join([*lines, f"{later} trainer INFO: still here"]) + "\n")
+    assert _stall(path) is Severity.CRITICAL
+
+
+def test_a_banner_without_a_stamp_is_dated_by_the_next_one(tmp_path: Path) -> None:
+    """Tacotron's trainer prints its banner unstamped after the crash before it: the time
+    carried to it is the crash's, hours before the process began. The launch is dated by
+    the first stamp after it, so the new process is not judged from the crash."""
+    unstamped = ["-" * 40, "Starting new training run", "-" * 40]
+    lines = [*unstamped, f"{_stamp(T0)} Checkpoint path: ./logs/model.ckpt",
+             f"{_stamp(T0)} Loading training data from: ./train.txt"]
+    t = T0 + 60.0
+    for step in range(1, 301):
+        if step == 151:
+            lines.append(f"{_stamp(t)} Exiting due to exception: Found Inf or NaN global norm")
+            lines += unstamped
+            t += 3 * 3600.0
+            lines += [f"{_stamp(t)} Checkpoint path: ./logs/model.ckpt",
+                      f"{_stamp(t)} Loading training data from: ./train.txt"]
+            t += 20 * 60.0  # loading for 20 minutes: within a start's allowance
+        lines.append(f"{_stamp(t)} Step {step}   [0.780 sec/step, loss={2.0 / step:.5f}]")
+        t += 30.0
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    job = load_run(path)
+    assert [round(x - T0) for x in job.launches] == [60 + 150 * 30 + 3 * 3600]
+    assert _stall(path) is None
+
+
+def test_a_fresh_launch_after_a_resume_that_got_nowhere(tmp_path: Path) -> None:
+    """A process resumed from its checkpoint, wrote its last step again and died (the
+    start of a restart loop); a day later, after nothing in the log, the user began the
+    run again: a fresh start, not the loop going on."""
+    path = _log(tmp_path, between=[])
+    lines = path.read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if "iter: 1000 " in x)
+    t = T0 + 60.0 * 51 + 3600.0
+    again = [f"{_stamp(t)} {x}" for x in BANNER]
+    again.append(f"{_stamp(t + 60)} trainer INFO: iter: 1000  loss: 0.2500  lr: 0.010000")
+    again.append(f"{_stamp(t + 70)} Traceback (most recent call last):")
+    t += 24 * 3600.0
+    again += [f"{_stamp(t)} {x}" for x in BANNER]
+    rest = [f"{_stamp(t + 60 * (k + 1))} trainer INFO: iter: {1000 + 20 * (k + 1)}  loss: "
+            f"0.2{k:03d}  lr: 0.010000" for k in range(50)]
+    path.write_text("\n".join([*lines[:at + 1], *again, *rest]) + "\n")
+    assert _stall(path) is None
+
+
+def test_a_line_saying_training_finished_holds_a_stop_off_for_an_hour(tmp_path: Path) -> None:
+    """Live: the loop said it finished and the process writes nothing more (a final
+    evaluation, a save, or a hang at exit). A warning at the threshold, critical an hour
+    on, not at twice the threshold as for a loop that stops mid-run."""
+    from trainguard.checker import evaluate
+
+    path = _log(tmp_path, between=[], silence_s=0.0)
+    lines = path.read_text().splitlines()
+    lines.append(lines[-1][:23] + " trainer INFO: Training complete in 1h 40m")
+    path.write_text("\n".join(lines) + "\n")
+    job = load_run(path)
+    (end,) = job.finishes
+
+    def stall_at(minutes: float) -> Severity | None:
+        now = end + 60.0 * minutes
+        found = [f for f in evaluate([job], Policy(), now) if f.rule == "stall"]
+        return found[0].severity if found else None
+
+    assert stall_at(40) is Severity.WARNING
+    assert stall_at(70) is Severity.CRITICAL
+
+
+def test_a_later_stall_is_judged_on_the_runs_cadence_not_the_down_time(
+        tmp_path: Path) -> None:
+    """After a relaunch four hours on, the run goes on and then stops for 40 minutes
+    mid-run: a stall. Read record by record (a replay), the four hours down must not be
+    learnt as a pause the job takes, or a 6-hour threshold would hide it."""
+    path = _log(tmp_path, between=BANNER)
+    lines = path.read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if "iter: 1800 " in x)
+    head, tail = lines[:at], lines[at:]
+    shifted = [_stamp(_time(x) + 40 * 60.0) + x[23:] for x in tail]
+    path.write_text("\n".join([*head, *shifted]) + "\n")
+    assert _stall(path) is Severity.CRITICAL
+
+
+def test_the_cadence_read_record_by_record_sees_a_launch_as_a_resume() -> None:
+    """Beyond 1,024 records a replay extends the stall's cadence record by record
+    (``Cadence.read``) instead of learning it afresh: it must call the silence across a
+    launch down as ``check``'s fresh learning does (``cost.resumes``), or the four hours
+    would be learnt as a gap of the job and a later stall hidden behind them."""
+    import numpy as np
+
+    from trainguard.checker.model import Job, Series
+    from trainguard.checker.rules.stall import Cadence
+
+    steps = np.arange(1.0, 3001.0)
+    times = T0 + steps * 10.0
+    times[2500:] += 4 * 3600.0  # down for four hours before record 2501
+    launch = float(times[2500]) - 60.0
+    job = Job(id="j", launches=[launch],
+              series={"step": Series("step", times, steps, steps)})
+    src = job.series["step"]
+    whole = Cadence.learn(job, src, len(src), ("m",), 3)
+    extended = Cadence.learn(job, src, 2048, ("m",), 3)
+    extended.read(job, src, 3)
+    assert whole.longest == extended.longest < 60.0
+    assert (whole.count, whole.updates, whole.loop) == (
+        extended.count, extended.updates, extended.loop)

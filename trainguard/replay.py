@@ -261,10 +261,7 @@ class Cuts:
         # Where the log says a new process began in the silence (``Job.launches``), down
         # ends there: ``stall`` judges the new process's silence from its launch.
         prog = cost.progress(job)
-        self.down = [] if prog is None else [
-            (a, cost.launched_since(job, a, b) or b)
-            for a, b in ((float(prog.time[i - 1]), float(prog.time[i]))
-                         for i in cost.counted_resumes(prog, cost.resumes(prog, job)))]
+        self.down = [] if prog is None else cost.down_spans(prog, job)
         # what changed from the cut before to the last one made
         self.grown: set[str] = set()
         self.logs_grown = self.state_changed = True

@@ -254,7 +254,8 @@ class RunBuilder:
             texts = [t for _, t in self.logs]
             job.logs = [LogLine(float(time[pos[i]]), texts[i]) for i in keep]
         if job.clock != "step":
-            job.launches, job.finishes = self.marks.times(kind, time)
+            own = np.array(self.wall, dtype=np.float64) if job.clock == "wall" else time
+            job.launches, job.finishes = self.marks.times(kind, time, own)
         first = [float(s.time[0]) for s in job.series.values() if len(s)]
         first += [job.logs[0].time] if job.logs else []
         job.start_time = self.start_time if self.start_time is not None else (

@@ -85,11 +85,14 @@ class Marks:
         elif shape in self.opening:
             self.again.append((pos, shape))
 
-    def times(self, kind: npt.NDArray[np.int64],
-              time: FloatArray) -> tuple[list[float], list[float]]:
+    def times(self, kind: npt.NDArray[np.int64], time: FloatArray,
+              own: FloatArray) -> tuple[list[float], list[float]]:
         """(launches, finishes): when each new process wrote the opening's first line in
         a banner, and each line saying training finished (records in ``kind`` are the
-        entries >= 0)."""
+        entries >= 0; ``time`` is each entry's time, carried forward to lines without one,
+        ``own`` its own, NaN where it has none). A banner without a stamp of its own
+        (tacotron's "Starting new training run") is dated by the first stamp after it:
+        the time carried to it is the crash's before it, hours earlier."""
         launches: list[float] = []
         if self.again:
             # entries recorded before each line: lines with the same count lie between
@@ -101,7 +104,13 @@ class Marks:
                 shapes.add(shape)
                 if shape == self.first:
                     firsts.append(pos)
-            launches = [float(time[p]) for shapes, firsts in groups.values()
+            stamped = np.flatnonzero(np.isfinite(own))
+
+            def dated(p: int) -> float:
+                j = int(np.searchsorted(stamped, p))
+                return float(own[stamped[j]]) if j < len(stamped) else float(time[p])
+
+            launches = [dated(p) for shapes, firsts in groups.values()
                         if len(shapes) >= BANNER_LINES for p in firsts]
         finishes = [float(time[p]) for p in self.finished]
         return ([t for t in sorted(launches) if np.isfinite(t)],

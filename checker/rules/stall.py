@@ -30,9 +30,11 @@ import numpy as np
 
 from trainguard.checker.cost import (
     RESUME_GAP_FACTOR,
+    fresh_launch,
     fruitless,
     launched_since,
     logged_again,
+    marked,
     progress_source,
     resumes,
     update_times,
@@ -186,6 +188,12 @@ class Stall(Rule):
             # hang writes nothing, a stop waits as for a heartbeating pause. A loop that
             # prints a retry forever is still stopped, an hour on.
             critical = max(critical, p.max_pause_seconds)
+        finished = next((t for t in job.finishes if last <= t <= ctx.now), None)
+        if finished is not None:
+            # The loop said training finished (a "Training complete" line, ``Job.finishes``):
+            # what is left is a final evaluation, a save or the exit. A stop waits as for a
+            # log still being written; a hang at exit is still stopped, an hour on.
+            critical = max(critical, p.max_pause_seconds)
         severity = Severity.CRITICAL if silence > critical else Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
         if writing is not None:
@@ -202,6 +210,10 @@ class Stall(Rule):
         if phase is not None:
             why = (f"in a '{phase}' pause for {_span(silence)}, longer than a pause may "
                    f"take; {why}")
+        if finished is not None:
+            why = (f"its log said training finished {_span(ctx.now - finished)} ago and it "
+                   f"has written no progress since (a final evaluation or save, or a hang at "
+                   f"exit); {why}")
         done = _ran_its_steps(job, last_step)
         if done:
             # nothing left to learn: a hang in the process group's teardown, or a final
@@ -222,6 +234,8 @@ class Stall(Rule):
             evidence["last_log_line"] = writing[1]
         if done:
             evidence["ran_its_steps"] = True
+        if finished is not None:
+            evidence["finished_at"] = finished
         loop = ""
         if c is not None and c.loop > 1:
             # each process wrote its checkpoint's record again and got no further
@@ -316,7 +330,7 @@ class Cadence:
         if not len(pre):
             return c
         back = resumes(pre, job)
-        times = update_times(pre, back=back)
+        times = update_times(pre, job, back)
         resumed = pre.time[back]
         every = np.diff(times)
         if len(resumed) and len(every):
@@ -330,7 +344,11 @@ class Cadence:
             c.survived = float(np.nanmax(every))
         if len(back):  # as ``read`` would have left them: resumes since the last rise
             alive = np.flatnonzero(~fruitless(pre, back))
-            c.loop = len(back) - (int(alive[-1]) + 1 if len(alive) else 0)
+            start = int(alive[-1]) + 1 if len(alive) else 0
+            # ... or since the last begun after half an hour of nothing (a fresh start)
+            fresh = [k for k in range(start, len(back)) if fresh_launch(
+                job, float(pre.time[back[k] - 1]), float(pre.time[back[k]]))]
+            c.loop = len(back) - (fresh[-1] if fresh else start)
         c.count = len(gaps)
         c.few = gaps[:FEW].tolist()
         if len(gaps):
@@ -356,10 +374,15 @@ class Cadence:
         for t, s in zip(times, steps, strict=True):
             if not math.isfinite(s):
                 continue
-            resumed = self.typical > 0 and t - self.prev_time > limit and (
-                s < self.top or (s == self.top and logged_again(job.series, src, t, s)))
+            silent = self.typical > 0 and t - self.prev_time > limit
+            resumed = silent and (
+                s < self.top or (s == self.top and logged_again(job.series, src, t, s))
+                or marked(job, self.prev_time, t))
+            fresh = resumed and self.loop and fresh_launch(job, self.prev_time, t)
             self.prev_time = t
             self.top = max(self.top, s)
+            if fresh:
+                self.loop = 0  # begun after half an hour of nothing: a fresh start
             down = resumed or self.loop > 1  # the gap to this update spans a resume
             if resumed:
                 self.best = s
