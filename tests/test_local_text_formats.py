@@ -653,3 +653,31 @@ def test_a_grpo_trainers_reward_and_sanas_global_step(tmp_path: Path) -> None:
         "2025-03-18 12:00:29 - [Sana] - INFO - Epoch: 2 | Global Step: 2526 | Local Step: "
         "649 // 1877, total_eta: 6:45:21, lr:4.330e-05, loss:0.1490\n"), "sana.log")
     assert _series(job, "loss") == ([2516, 2526], [0.1529, 0.1490])
+
+
+@pytest.mark.parametrize(("lines", "steps", "epochs"), [
+    # the Swin Transformer's logger: "Train: [epoch/epochs][iteration/iterations]"
+    ("[2026-04-23 15:26:24 swin_tiny] (main.py 223): INFO Train: [0/300][0/390]\teta 0:22:23 "
+     "lr 0.000000\t wd 0.0500\ttime 3.4458 (3.4458)\tloss 2.3847 (2.3847)\n"
+     "[2026-04-23 15:26:27 swin_tiny] (main.py 223): INFO Train: [0/300][10/390]\teta 0:03:22 "
+     "lr 0.000000\t wd 0.0500\ttime 0.2384 (0.5321)\tloss 2.3605 (2.3566)\n",
+     [0, 10], [0, 0]),
+    # LAVIS's (MiniGPT-4, BLIP-2): "epoch: [E]  [i/N]"
+    ("Train: data epoch: [0]  [3950/5000]  eta: 0:08:37  lr: 0.000029  loss: 10.3750\n"
+     "Train: data epoch: [0]  [4000/5000]  eta: 0:08:12  lr: 0.000029  loss: 10.3750\n",
+     [3950, 4000], [0, 0]),
+])
+def test_an_epoch_and_its_iteration_in_brackets(
+        tmp_path: Path, lines: str, steps: list[float], epochs: list[float]) -> None:
+    """Read as the epoch alone, LAVIS's per-batch losses all sat at epoch 0 as one step,
+    and MiniGPT-4's loss stuck at 10.375 (ln 32,000) was no longer found on default
+    reading; the Swin logger's losses had no step at all."""
+    job = _read(tmp_path, lines)
+    assert _series(job, "loss")[0] == steps
+    assert _series(job, "epoch")[1] == epochs
+
+
+def test_paddlevideos_epoch(tmp_path: Path) -> None:
+    job = _read(tmp_path, "[10/05 20:31:36] epoch:[  1/100] train step:10  loss: 3.33008 "
+                          "lr: 0.006990 top1: 0.12285\n")
+    assert _series(job, "epoch")[1] == [1]

@@ -150,10 +150,17 @@ DEFAULT_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition("epoch", r"Epoch\(train\)\s*\[(\d+)\]", needle="Epoch(train)"),
     # MMCV's logger (mmdetection 2.x and its kin): "Epoch [3][50/7330]", the epoch and
     # its iteration (which starts again each epoch: the reader carries it on across
-    # epochs); a loop's "Epoch [3/10]", "Epoch[3]", "Epoch [199]/[199]" (not MMCV's
-    # "Epoch(val) [3][500]")
-    MetricDefinition("epoch", r"Epoch\s?\[\s*(\d+)\s*(?:/\s*\d+\s*)?\]", needle="Epoch"),
-    MetricDefinition(STEP, r"Epoch\s?\[\d+\]\s?\[\s*(\d+)\s*/\s*\d+\s*\]", needle="Epoch"),
+    # epochs); a loop's "Epoch [3/10]", "Epoch[3]", "Epoch [199]/[199]", PaddleVideo's
+    # "epoch:[  1/100]" (not MMCV's "Epoch(val) [3][500]")
+    MetricDefinition("epoch", r"[Ee]poch:?\s?\[\s*(\d+)\s*(?:/\s*\d+\s*)?\]", needle="poch"),
+    # ... and LAVIS's (MiniGPT-4, BLIP-2): "Train: data epoch: [0]  [3950/5000]"
+    MetricDefinition(STEP, r"[Ee]poch:?\s?\[\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*\d+\s*\]",
+                     needle="poch"),
+    # the Swin Transformer's logger (VMamba's and many image models'): "Train: [29/300]
+    # [2670/2859]", the epoch and its iteration
+    MetricDefinition("epoch", r"Train:\s?\[\s*(\d+)\s*/\s*\d+\s*\]\s?\[", needle="Train:"),
+    MetricDefinition(STEP, r"Train:\s?\[\s*\d+\s*/\s*\d+\s*\]\s?\[\s*(\d+)\s*/\s*\d+\s*\]",
+                     needle="Train:"),
     # build-nanogpt's log file (Karpathy's GPT-2 reproduction): "19072 train 3.021431",
     # "250 val 3.3417", "250 hella 0.2951"
     MetricDefinition(STEP, r"^(\d+) (?:train|val|hella) \S+\s*$"),
