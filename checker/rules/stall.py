@@ -189,12 +189,13 @@ class Stall(Rule):
             # prints a retry forever is still stopped, an hour on.
             critical = max(critical, p.max_pause_seconds)
         finished = next((t for t in job.finishes if last <= t <= ctx.now), None)
+        severity = Severity.CRITICAL if silence > critical else Severity.WARNING
         if finished is not None:
             # The loop said training finished (a "Training complete" line, ``Job.finishes``):
-            # what is left is a final evaluation, a save or the exit. A stop waits as for a
-            # log still being written; a hang at exit is still stopped, an hour on.
-            critical = max(critical, p.max_pause_seconds)
-        severity = Severity.CRITICAL if silence > critical else Severity.WARNING
+            # what is left is a final evaluation (a detector's test set: hours), a save or
+            # the exit. A stop there would save little and could lose the evaluation; a
+            # hang at exit is warned, not stopped.
+            severity = Severity.WARNING
         why, util = self._diagnose(job, last, ctx.now)
         if writing is not None:
             why = (f"{why}; its log goes on ({writing[0]} lines since the last progress, "
