@@ -40,7 +40,7 @@ def rise(v: FloatArray) -> float:
     first = float(np.median(v[:head]))
     later = [float(np.median(v[i:i + block]))
              for i in range(head, n - block + 1, max(block // 2, 1))]
-    return ((max(later) if later else first) - first) / noise
+    return float(((max(later) if later else first) - first) / noise)
 
 
 def main() -> int:
