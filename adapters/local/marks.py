@@ -42,15 +42,17 @@ BANNER_LINES = 3
 
 #: Characters of a line its shape is taken from.
 SHAPE_CHARS = 120
-_NO_DIGITS = str.maketrans("", "", "0123456789")
-_NOT_WORDS = " \t-=*#_+.,:;|/\\()[]<>{}%'\""
+_DIGITS = b"0123456789"
+_NOT_WORDS = b" \t-=*#_+.,:;|/\\()[]<>{}%'\""
 
 
-def _shape(text: str) -> str | None:
+def _shape(text: str) -> bytes | None:
     """The line's start with its numbers taken out (a time stamp, a GPU count, a seed),
     or None for a line with nothing else but punctuation (a rule of dashes recurs
-    anywhere). The start is enough to know a line by, and a config dump's lines are long."""
-    shape = text[:SHAPE_CHARS].translate(_NO_DIGITS).strip()
+    anywhere). The start is enough to know a line by, and a config dump's lines are long.
+    As bytes: ``bytes.translate`` deletes the digits ten times faster than ``str``'s."""
+    shape = text[:SHAPE_CHARS].encode("utf-8", "surrogateescape").translate(
+        None, _DIGITS).strip()
     return shape if shape.strip(_NOT_WORDS) else None
 
 
@@ -65,9 +67,9 @@ class Marks:
     asked at the end for the marks' times."""
 
     def __init__(self) -> None:
-        self.opening: set[str] = set()
-        self.first: str | None = None  # the opening's first line
-        self.again: list[tuple[int, str]] = []  # (position, shape) of opening lines again
+        self.opening: set[bytes] = set()
+        self.first: bytes | None = None  # the opening's first line
+        self.again: list[tuple[int, bytes]] = []  # (position, shape) of opening lines again
         self.finished: list[int] = []  # positions of lines saying training finished
 
     def line(self, pos: int, text: str, recorded: bool) -> None:
@@ -98,7 +100,7 @@ class Marks:
             # entries recorded before each line: lines with the same count lie between
             # the same two records
             before = np.cumsum(kind >= 0)
-            groups: dict[int, tuple[set[str], list[int]]] = {}
+            groups: dict[int, tuple[set[bytes], list[int]]] = {}
             for pos, shape in self.again:
                 shapes, firsts = groups.setdefault(int(before[pos]), (set(), []))
                 shapes.add(shape)
