@@ -1,10 +1,10 @@
 """Read the largest shared log, and replay it tick by tick, timed.
 
-    python bench/read_and_replay.py [--curves DIR] [--repeat 5]
+    python bench/read_and_replay.py [--curves DIR | --log FILE] [--repeat 5]
 
 Prints the best of ``--repeat`` wall times for ``adapters.local.load_run`` on the longest
-modded-nanogpt log, and for ``trainguard.replay.replay`` of it at a 60 s and a 300 s tick
-with the default policy.
+modded-nanogpt log (or ``--log``, any log the reader reads), and for
+``trainguard.replay.replay`` of it at a 60 s and a 300 s tick with the default policy.
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ def best(fn: object, repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--curves", type=Path, default=ROOT.parent / "shared" / "data" / "curves")
+    ap.add_argument("--log", type=Path, help="time this log instead")
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
-    logs = sorted((a.curves / "modded-nanogpt").glob("*.log"), key=lambda p: p.stat().st_size)
+    logs = ([a.log] if a.log else
+            sorted((a.curves / "modded-nanogpt").glob("*.log"), key=lambda p: p.stat().st_size))
     if not logs:
         sys.exit(f"no modded-nanogpt logs under {a.curves}")
     path = logs[-1]

@@ -163,16 +163,23 @@ def marked(job: Job, a: float, b: float) -> bool:
     return any(a <= t <= b for t in job.launches) or any(a <= t <= b for t in job.finishes)
 
 
+def _said_before(times: list[float], t: float) -> float:
+    """The time of the last log line before ``t`` (``times``, the job's lines' in order),
+    or -inf."""
+    i = bisect.bisect_left(times, t)
+    return times[i - 1] if i else -math.inf
+
+
 def _fresh(job: Job, launches: list[float], since: float) -> list[bool]:
     """Per launch (in time order, after ``since``): whether the log said nothing for
     ``QUIET_S`` before it, since ``since`` or the launch before: the processes before it
     had ended, and someone began this one (not a restart loop, which writes on)."""
+    if not launches:
+        return []
     times = [line.time for line in job.logs]
     out, floor = [], since
     for launch in launches:
-        i = bisect.bisect_left(times, launch)
-        said = max(times[i - 1] if i else -math.inf, floor)
-        out.append(launch - said > QUIET_S)
+        out.append(launch - max(_said_before(times, launch), floor) > QUIET_S)
         floor = launch
     return out
 
@@ -253,12 +260,11 @@ def _down_before(job: Job, first: float) -> list[tuple[float, float]]:
     launches = [t for t in job.launches if t < first]
     for f in (t for t in job.finishes if t < first):
         spans.append((f, next((t for t in launches if t > f), first)))
-    if launches:
-        times = [line.time for line in job.logs]
-        for launch, fresh in zip(launches, _fresh(job, launches, -math.inf), strict=True):
-            i = bisect.bisect_left(times, launch)
-            if fresh and i:
-                spans.append((times[i - 1], launch))
+    times = [line.time for line in job.logs] if launches else []
+    for launch, fresh in zip(launches, _fresh(job, launches, -math.inf), strict=True):
+        said = _said_before(times, launch)
+        if fresh and said > -math.inf:
+            spans.append((said, launch))
     return spans
 
 

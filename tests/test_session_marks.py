@@ -239,8 +239,10 @@ def test_a_line_saying_training_finished_is_warned_not_stopped(tmp_path: Path) -
 def test_a_later_stall_is_judged_on_the_runs_cadence_not_the_down_time(
         tmp_path: Path) -> None:
     """After a relaunch four hours on, the run goes on and then stops for 40 minutes
-    mid-run: a stall. Read record by record (a replay), the four hours down must not be
-    learnt as a pause the job takes, or a 6-hour threshold would hide it."""
+    mid-run: a stall. The four hours down are not learnt as a pause the job takes, or a
+    threshold of hours would hide it (a guard on the fresh learning of a short run;
+    ``test_the_cadence_read_record_by_record_sees_a_launch_as_a_resume`` holds the
+    record-by-record path)."""
     path = _log(tmp_path, between=BANNER)
     lines = path.read_text().splitlines()
     at = next(i for i, x in enumerate(lines) if "iter: 1800 " in x)

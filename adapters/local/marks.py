@@ -35,7 +35,8 @@ from trainguard.checker.model import FloatArray
 FINISHED = re.compile(
     r"\btraining (is |has )?(complete|completed|finished|done|ended)\b|\bfinished training\b"
     r"|\btotal training time\b|\bepochs? completed in\b", re.IGNORECASE)
-#: Lines before the first record kept as the log's opening (a config dump may be long).
+#: Distinct lines before the first record kept as the log's opening (a config dump may be
+#: long).
 OPENING = 200
 #: Distinct opening lines between two records that make a new process's banner.
 BANNER_LINES = 3
