@@ -275,3 +275,63 @@ def test_the_cadence_read_record_by_record_sees_a_launch_as_a_resume() -> None:
     assert whole.longest == extended.longest < 60.0
     assert (whole.count, whole.updates, whole.loop) == (
         extended.count, extended.updates, extended.loop)
+
+
+def test_a_configuration_dict_first_is_the_opening_not_a_record(tmp_path: Path) -> None:
+    """so-vits-svc's log (a blind set's run, read with no definitions): each launch
+    prints its configuration as a dict of sections, ``{'train': {'log_interval': 200,
+    'learning_rate': 0.0001, ...}, ...}``, then loads its checkpoints. Read as a record
+    (its ``learning_rate``), the first line was the log's first record, so the lines a
+    relaunch writes before training were no opening of a new process, and the night
+    between two launches was a stall stopped at 2.5 hours. A dict of sections is a
+    configuration, kept as a log line; a trainer's flat metrics dict is still read."""
+    opening = ["32k INFO {'train': {'log_interval': 200, 'eval_interval': 1000, "
+               "'learning_rate': 0.0001, 'epochs': 10000}, 'data': {'sampling_rate': 32000}}",
+               "32k INFO Loaded checkpoint './logs/32k/G_0.pth' (iteration 1)",
+               "32k INFO Loaded checkpoint './logs/32k/D_0.pth' (iteration 1)"]
+    path = _log(tmp_path, between=opening, first=opening, silence_s=19 * 3600.0)
+    job = load_run(path)
+    assert len(job.launches) == 1 and _stall(path) is None
+    assert job.series["lr"].value[0] == 0.01  # the configuration's 0.0001 is no record
+    flat = tmp_path / "flat.txt"
+    flat.write_text("{'loss': 2.1, 'learning_rate': 3.4e-05, 'epoch': 0.01}\n"
+                    "{'loss': 1.9, 'learning_rate': 3.3e-05, 'epoch': 0.02}\n")
+    assert list(load_run(flat).series["loss"].value) == [2.1, 1.9]
+
+
+def _slow_ends(tmp_path: Path, banner: bool) -> Path:
+    """A record of 20 steps a minute; the process's last 12 minutes a record every 3 (a
+    final evaluation between its records), then, after 4 hours, the run going on: its
+    first 12 minutes a record every 3 (a new process's warm-up) and a minute apart after.
+    With ``banner``, the log says a new process began (its opening written again)."""
+    lines = [f"{_stamp(T0)} {x}" for x in BANNER]
+    t, step = T0 + 60.0, 20
+    for gap in [60.0] * 60 + [180.0] * 4 + ["down"] + [180.0] * 4 + [60.0] * 40:
+        if gap == "down":
+            t += 4 * 3600.0
+            if banner:
+                lines += [f"{_stamp(t + k)} {x}" for k, x in enumerate(BANNER)]
+            continue
+        assert isinstance(gap, float)
+        t += gap
+        lines.append(f"{_stamp(t)} trainer INFO: iter: {step}  loss: {2.0 / step ** 0.3:.4f}")
+        step += 20
+    path = tmp_path / "slow.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_down_time_between_two_processes_is_no_slowdown(tmp_path: Path) -> None:
+    """The same log's night between two launches read as one epoch in 19.5 hours: the
+    slow end of one process (a final evaluation) and the warm-up of the next made one
+    slow stretch across the four hours down, warned as a slowdown of 1,169 minutes. A
+    launch ends the stretch of the process before it, and the new process has a warm-up
+    of its own. Without the log's word that a new process began, the same records are
+    still a slowdown (a silence the log does not explain is judged as before)."""
+    def slowdowns(path: Path) -> list[str]:
+        result = replay(load_run(path), Policy())
+        return [h.finding.message for h in result.histories if h.rule == "slowdown"]
+
+    assert slowdowns(_slow_ends(tmp_path, banner=True)) == []
+    (said,) = slowdowns(_slow_ends(tmp_path, banner=False))
+    assert "of the job's own baseline" in said

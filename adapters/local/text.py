@@ -51,12 +51,17 @@ _INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?
 # A configuration printed whole: argparse's ``Namespace(lr=0.001, ...)``, OLMo's
 # ``TrainConfig(...)`` on one line, or the Hugging Face Trainer's ``TrainingArguments(``
 # one ``field=value,`` a line. Its ``learning_rate=7e-05`` is a setting, no record: read
-# as one, it came before the warm-up's first logged rate and hid the warm-up.
+# as one, it came before the warm-up's first logged rate and hid the warm-up. Or a dict
+# whose first value is a dict, a configuration's sections (so-vits-svc's ``{'train':
+# {'log_interval': 200, ...``, DBNet's ``{'arch': {...``): read as a record, it was the
+# log's first, so the lines each relaunch writes before training were no opening of a
+# new process and the night between two launches a stall. A trainer's metrics dict is
+# flat (the Hugging Face Trainer's ``{'loss': 2.1, ...}``).
 # Terminal colours a logger writes into a file through ``tee`` (torchtitan's
 # "\x1b[32mloss: 9.8"): the key would run on from the escape's letter.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
-                     r"|^\s*\w+=[^=,]*,\s*$")
+                     r"|^\s*\w+=[^=,]*,\s*$|\{\s*['\"][A-Za-z_]\w*['\"]\s*:\s*\{")
 
 # what a definition does with its value, in the order a line is read: the time and the
 # step first, so the metrics on the same line get them

@@ -8,7 +8,11 @@ validation level (a median of three evaluations, so one odd evaluation cannot mo
 it) at least ``factor`` times its own best for ``points`` evaluations in a row, or a
 steady climb (the evaluations since the lowest one rising in rank order, Mann-Kendall,
 beyond what noise after a minimum does) that has taken the level ``steady_factor``
-times its best and back above where it started, while the training loss is lower than
+times its best and back above where it started, or a longer one (``long_z``) that has
+taken it ``long_factor`` times its best and given back half of what it had learnt, or,
+in a run too short for either, every evaluation since the lowest above the one before
+(at least ``points``) and the last two at ``factor`` times it, where the held-out loss
+never rose that far before and came back; each while the training loss is lower than
 it was when validation was at its best. It reports
 the step of the best validation value (the checkpoint to keep) and, priced by the
 checker, what the run has spent since.
@@ -42,6 +46,10 @@ _FELL = 0.25
 _SCATTER = 1024  # the latest training points that scatter is read from
 _BACK = 0.5  # a held-out level below this share of its stretch's top is coming back down
 _LOST = 0.1  # the share of what the held-out loss had learnt a climb must give back
+#: ... and a long steady climb at ``long_factor``: on the blind sets, a climb giving back
+#: less (a text-recognition run's validation loss 1.3 x its best after a 10-fold fall)
+#: was a healthy run warned, where half keeps every one found and none warned.
+_GIVEN = 0.5
 
 
 @dataclass
@@ -57,7 +65,7 @@ class OverfitParams:
         "10 runs labelled overfit (1.95- to 2.4-fold climbs) unreported, and 2 x warns one "
         "more healthy run of 570. A policy that wants only many-fold climbs (a fine-tune "
         "growing over-confident while its accuracy holds doubles its validation loss "
-        "too) sets 3, and steady_factor 3")
+        "too) sets 3, and steady_factor and long_factor 3")
     points: int = param(3, "... for this many consecutive evaluations")
     steady_factor: float = param(
         1.5, "a held-out level this many times its best, and above its first level (all "
@@ -69,6 +77,15 @@ class OverfitParams:
         "one (the last 64 of them) at least this many standard deviations (2.33: one "
         "chance in a hundred for evaluations in random order; six evaluations each above "
         "the one before make 2.6)")
+    long_z: float = param(
+        3.5, "a climb in rank order this strong (about nine evaluations each above the "
+        "one before), is overfitting from long_factor x its best, once it has given back "
+        "half of what the held-out loss had learnt: a language model whose validation "
+        "loss rose 20 evaluations running, 5.9 -> 7.8, while its training loss fell "
+        "5.9 -> 1.2 (its first evaluation, untrained, at 8.05)")
+    long_factor: float = param(
+        1.25, "... see long_z; on the blind sets any value from 1.1 to 1.25 finds and "
+        "warns the same runs")
 
 
 class _Held(Track):
@@ -82,6 +99,10 @@ class _Held(Track):
         self.low = math.inf
         self.low_at = -1  # the record of the lowest evaluation
         self.first = math.nan  # the first level
+        self.after_low = 0  # finite evaluations since the lowest one
+        self.up = 0  # finite evaluations at the end, each above the one before
+        self.risen = 0.0  # the highest ratio of an evaluation to the lowest before it
+        self.shown = 0.0  # ... before the lowest one: a rise the run came back from
         self.z, self.z_at = 0.0, -1  # the trend statistic, and the records it was read at
         self.last: list[tuple[int, float]] = []  # the last two: (record, value)
         self.best = math.inf  # the lowest level
@@ -137,9 +158,24 @@ class _Held(Track):
                 self.first = float(levels[0])
         self.last = pairs[-2:]
         self.nf += len(v)
+        x = np.asarray(v)
+        before = [x for _, x in pairs[: len(pairs) - len(v)]][-1:]  # the one before these
+        rises = np.diff(np.array(before + list(v))) > 0
+        if not before:  # the very first evaluation rises from nothing
+            rises = np.concatenate(([False], rises))
+        falls = np.flatnonzero(~rises)
+        self.up = len(v) - 1 - int(falls[-1]) if len(falls) else self.up + len(v)
+        lows = np.minimum.accumulate(np.concatenate(([self.low], x)))[:-1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where((lows > 0) & np.isfinite(lows), x / lows, 0.0)
         k = int(np.argmin(v))
         if v[k] < self.low:
             self.low, self.low_at = v[k], at[k]
+            self.shown = max(self.risen, float(ratio[:k].max(initial=0.0)))
+            self.after_low = len(v) - 1 - k
+        else:
+            self.after_low += len(v)
+        self.risen = max(self.risen, float(ratio.max(initial=0.0)))
         recent = self.recent + pairs[len(pairs) - len(v):]
         if len(recent) > p.points:  # the oldest leave the last ``points``: the best of them
             older = recent[: len(recent) - p.points]
@@ -195,14 +231,36 @@ class _Held(Track):
     def steady(self, s: Series, p: OverfitParams) -> float | None:
         """The trend statistic of the evaluations after the lowest one, when they climb
         steadily and have taken the level to ``steady_factor`` x its best and above its
-        first level; None when not."""
-        if not (self.nf >= 2 + p.points and self.low > 0
-                and self.level >= max(p.steady_factor * self.best, self.first)):
+        first level, or more steadily still (``long_z``) to ``long_factor`` x its best
+        and half of what it had learnt; None when not."""
+        if not (self.nf >= 2 + p.points and self.low > 0):
+            return None
+        usual = self.level >= max(p.steady_factor * self.best, self.first)
+        long = (self.level >= p.long_factor * self.best and self.level - self.best
+                >= _GIVEN * max(self.first - self.best, 0.0))
+        if not (usual or long):
             return None
         if self.z_at != self.n:  # once per evaluation, not at each training record after
             after = s.value[self.low_at + 1: self.n]
             self.z, self.z_at = trend_z(after[np.isfinite(after)][-_TREND:]), self.n
-        return self.z if self.z >= p.steady_z else None
+        return self.z if self.z >= (p.steady_z if usual else p.long_z) else None
+
+    def rising(self, p: OverfitParams) -> int | None:
+        """How many evaluations since the lowest one, when each is above the one before
+        (at least ``points``: too few for a trend test, five epochs of a fine-tune), the
+        last two at ``factor`` x the lowest, having given back ``_LOST`` of what the
+        held-out loss had learnt, in a run whose held-out loss never rose to ``factor``
+        x a lower value before and came back (a linear probe's validation loss swinging
+        4-42 at a high learning rate rises three evaluations running by chance); None
+        when not."""
+        if not (p.points <= self.after_low == self.up and self.low > 0
+                and self.shown < p.factor and len(self.last) == 2):
+            return None
+        first = self.first if not math.isnan(self.first) else self.low
+        top = min(x for _, x in self.last)
+        if top >= p.factor * self.low and top - self.low >= _LOST * max(first - self.low, 0):
+            return self.after_low
+        return None
 
 
 class _Finite(Track):
@@ -235,7 +293,8 @@ class Overfit(Rule):
         # read before there is one.
         climbing = held.climbing(p)
         steady = None if climbing else held.steady(val, p)
-        if not climbing and steady is None:
+        rising = None if climbing or steady is not None else held.rising(p)
+        if not climbing and steady is None and rising is None:
             return []
         train = (job.series.get(p.train_metric) if p.train_metric else
                  training_objective(job, ctx.policy, ctx.state))
@@ -264,7 +323,10 @@ class Overfit(Rule):
                "to")
         since = held.since if steady is None else held.low_at + 1
         ratio = held.level / held.best
-        if steady is None and held.high < p.points:  # latched: it reached more before
+        if rising is not None:  # too few evaluations for a level: the last one's own
+            how = f"rose at each of its {rising} evaluations since its lowest, to"
+            since, ratio = held.low_at + 1, held.last[-1][1] / held.low
+        elif steady is None and held.high < p.points:  # latched: it reached more before
             since = held.latched_since
             how = f"climbed to {held.peak:.1f}x and stands at"
         return [Finding(
@@ -275,9 +337,10 @@ class Overfit(Rule):
             started_at=float(val.time[best_at]), step=best_step,
             evidence={"kind": "overfit", "metric": val.name, "train_metric": train.name,
                       "best_value": float(val.value[best_at]), "best_step": best_step,
-                      "level": held.level, "ratio": held.level / held.best,
+                      "level": held.level, "ratio": ratio,
                       "climbing_since_step": float(val.step[since]),
                       "steady": steady is not None, "trend_z": steady,
+                      "rising": rising,
                       "train_then": then, "train_now": now},
         )]
 

@@ -33,6 +33,7 @@ replay does not call the rule before that block begins (``checker.follow.STABLE_
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -94,7 +95,7 @@ class Slowdown(Rule):
         scan = state.get("scan")
         if not isinstance(scan, _Scan) or not scan.extends(src, kind):
             scan = state["scan"] = _Scan(p, src, kind)
-        scan.feed(src)
+        scan.feed(src, sorted([*job.launches, *job.finishes]))
         fired = scan.fired()
         if ctx.state is not None and (not fired or not job.planned_steps
                                       or scan.kind != "steps"):
@@ -190,6 +191,8 @@ class _Scan:
         self.p, self.kind = p, kind
         self.name, self.t0 = src.name, float(src.time[0])
         self.n = 0  # records read
+        self.start = self.t0 + p.warmup_seconds  # progress before this is not read
+        self.read_to = self.t0  # the time of the last record read
         self.last: tuple[float, float] | None = None  # (time, step) of the last update
         # the updates of the last ``span_seconds`` and the one before them, oldest first
         self.recent: deque[tuple[float, float]] = deque()
@@ -206,24 +209,43 @@ class _Scan:
         return (kind == self.kind and src.name == self.name and len(src) >= self.n
                 and len(src) > 0 and float(src.time[0]) == self.t0)
 
-    def feed(self, src: Series) -> None:
+    def feed(self, src: Series, marks: list[float] | None = None) -> None:
+        """Reads the records new since the last feed. ``marks``: the times where the log
+        says a process of the run began or ended (``Job.launches``, ``Job.finishes``): the
+        time between two records across one is the job down, no slow progress (a run
+        relaunched from its checkpoint the next evening went 1 epoch in 19.5 hours): a
+        slow stretch of the process before ends there, and the new process has a warm-up
+        and a baseline of its own."""
         n0 = self.n
         # plain floats: a record at a time, numpy's scalars cost more than the work
         t, v, st = (src.time[n0:].tolist(), src.value[n0:].tolist(),
                     src.step[n0:].tolist())
-        start, span = self.t0 + self.p.warmup_seconds, self.p.span_seconds
+        span = self.p.span_seconds
         for i in range(len(t)):
             ti = t[i]
+            relaunched = False
+            if marks:
+                k = bisect.bisect_right(marks, ti)
+                if k and marks[k - 1] > self.read_to:
+                    self._close()  # the last block of the process before, judged
+                    # a new process may run on other hosts or another batch size (a
+                    # detector relaunched at half its speed, a blind set's healthy run):
+                    # its speed is learnt afresh
+                    self.slow, self.healthy, self.baseline_rate = [], [], math.nan
+                    self.start = max(self.start, marks[k - 1] + self.p.warmup_seconds)
+                    relaunched = True
+            self.read_to = ti
             if self.kind == "rate":
                 rate = v[i]
                 step = st[i] if math.isfinite(st[i]) else None
             else:
                 si = v[i]
                 prev, self.last = self.last, (ti, si)
-                if prev is None or si < prev[1]:
+                if prev is None or si < prev[1] or relaunched:
                     self.recent.clear()
                     self.recent.append((ti, si))
-                    continue  # the first record, or a resume or an epoch counter wrapping
+                    # the first record, a resume, an epoch counter wrapping, a relaunch
+                    continue
                 if si == prev[1] or ti <= prev[0]:
                     self.last = prev  # no progress: the gap goes on
                     continue
@@ -235,7 +257,7 @@ class _Scan:
                 if t_from > ti - span:
                     continue  # nothing far enough back yet
                 rate, step = (si - s_from) / (ti - t_from), prev[1]
-            if not math.isfinite(rate) or ti < start:
+            if not math.isfinite(rate) or ti < self.start:
                 continue
             block = int((ti - self.t0) // self.p.block_seconds)
             if block != self.block:
