@@ -104,3 +104,29 @@ def test_a_loss_that_learnt_early_then_rose_and_sat_above_its_best_is_not_learni
         found = _judge(_job("train_loss", values))
         assert [(f.severity.value, f.evidence["kind"]) for f in found] == \
                [("warning", "flat")], (seed, found)
+
+
+def test_a_descent_inside_the_first_epoch_is_learning_when_judged_per_epoch() -> None:
+    """A blind set's DeBERTa classifier (read with no definitions): its loss 0.0517 at
+    step 100, 0.0497 from step 300 on to step 15,300, five epochs of 30 records, logged
+    to 4 decimals. Judged as per-epoch medians (the epoch column holds many records an
+    epoch), all five epochs stand at 0.0497, and it was "not learning" beside the
+    records' own "converged": medians per epoch hide a descent inside the first epoch.
+    A loss flat from its first record, judged the same way, is still not learning."""
+    steps = 100.0 * np.arange(1, 151)
+    rng = np.random.default_rng(2)
+    floor = 0.0497 + np.round(rng.choice([0.0, 0.0, -0.0001], 150), 4)
+    learnt = floor.copy()
+    learnt[:2] = [0.0517, 0.0503]
+    epoch = np.floor((steps - 1) / 3060.0) + 1
+
+    def job(values: np.ndarray) -> Job:
+        return Job(id="run", clock="step", state=JobState.RUNNING, start_time=0.0,
+                   series={"loss": Series("loss", steps, steps, values),
+                           "epoch": Series("epoch", steps, steps, epoch)})
+
+    (f,) = _judge(job(learnt))
+    assert "(per-epoch median)" in f.message  # judged as medians per epoch
+    assert f.severity.value == "info" and "converged" in f.message
+    (flat,) = _judge(job(floor))
+    assert flat.severity.value == "warning" and "not learning" in flat.message

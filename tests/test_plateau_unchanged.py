@@ -108,3 +108,22 @@ def test_a_loss_at_one_value_to_fourteen_digits_is_not_learning_however_early() 
     found = _judge(_job([46.05170378351126] * 10, first=16))
     assert _unchanged(found) and "46.05170378" in found[0].message
     assert not any(f.evidence.get("unchanged") for f in _judge(_job([6.053] * 10, first=10)))
+
+
+def test_an_epochs_progress_bar_written_twice_is_no_second_pass() -> None:
+    """A notebook's output that holds the end of one epoch's progress bar twice (a blind
+    set's EMNIST log, read with no definitions: each batch's loss at the epoch's step, as
+    the log counts epochs and no steps). The same values at the same steps are the same
+    records written twice, not a second pass through the same weights; at later steps
+    they are (the LoRA loop above)."""
+    tail = [0.4366, 0.4589, 0.4669, 0.4586, 0.4312, 0.4470]
+    values = np.array([0.61, 0.55, 0.52, 0.50, 0.47, *tail, *tail])
+    steps = np.full(len(values), 17.0)
+    job = Job(id="run", clock="step", state=JobState.RUNNING, start_time=0.0,
+              series={"loss": Series("loss", np.arange(len(values), dtype=np.float64),
+                                     steps, values)})
+    assert not _unchanged(_judge(job))
+    later = np.r_[np.full(len(values) - 6, 17.0), np.full(6, 18.0)]
+    job.series["loss"] = Series("loss", np.arange(len(values), dtype=np.float64), later,
+                                values)
+    assert _unchanged(_judge(job))
