@@ -113,7 +113,7 @@ def test_a_descent_inside_the_first_epoch_is_learning_when_judged_per_epoch() ->
     epoch), all five epochs stand at 0.0497, and it was "not learning" beside the
     records' own "converged": medians per epoch hide a descent inside the first epoch.
     A loss flat from its first record, judged the same way, is still not learning."""
-    steps = 100.0 * np.arange(1, 151)
+    steps = np.arange(1, 151, dtype=np.float64) * 100.0
     rng = np.random.default_rng(2)
     floor = 0.0497 + np.round(rng.choice([0.0, 0.0, -0.0001], 150), 4)
     learnt = floor.copy()
