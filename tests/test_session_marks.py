@@ -335,3 +335,46 @@ def test_the_down_time_between_two_processes_is_no_slowdown(tmp_path: Path) -> N
     assert slowdowns(_slow_ends(tmp_path, banner=True)) == []
     (said,) = slowdowns(_slow_ends(tmp_path, banner=False))
     assert "of the job's own baseline" in said
+
+
+def test_a_yaml_configuration_at_a_relaunch_is_no_record(tmp_path: Path) -> None:
+    """PaddleSeg's log (a blind set's ENCNet run, read with no definitions): a false start
+    of 450 iterations, then a relaunch on more GPUs 75 s on, whose configuration is
+    printed as YAML, ``lr_scheduler:`` and under it ``  learning_rate: 0.01``. Read as a
+    record at the relaunch, that rate wrote iteration 450 again there and was taken for
+    the resume, so the new process's iterations up to 450 were no progress: a stall
+    warned 5 minutes after the relaunch. The settings of a YAML document that nests are
+    no records; a flat block (``Validation:`` and its indented ``loss: 0.41``) still is."""
+    from trainguard.checker import evaluate
+
+    config = ["---------------Config Information---------------", "batch_size: 2",
+              "loss:", "  coef:", "  - 1", "lr_scheduler:", "  end_lr: 0",
+              "  learning_rate: 0.01", "  power: 0.9", "model:", "  type: ENCNet"]
+    lines, t = [], T0
+
+    def process(first: int, last: int) -> None:
+        nonlocal t
+        lines.append(f"{_stamp(t)} [INFO] ------------Environment Information-----------")
+        lines.extend(config)
+        t += 30.0
+        for it in range(first, last + 1, 10):
+            lines.append(f"{_stamp(t)} [INFO] [TRAIN] epoch: 1, iter: {it}/80000, "
+                         f"loss: {3.0 / it ** 0.2:.4f}, lr: 0.009990, batch_cost: 1.0990")
+            t += 11.0
+
+    process(10, 450)
+    t += 75.0
+    relaunch = t
+    process(10, 1500)
+    path = tmp_path / "workerlog.0"
+    path.write_text("\n".join(lines) + "\n")
+    job = load_run(path)
+    assert "lr" in job.series and job.series["lr"].value.min() < 0.01  # the steps' own
+    for minutes in (5, 8, 12):
+        now = relaunch + 60.0 * minutes
+        assert [f for f in evaluate([job.until(now)], Policy(), now)
+                if f.rule == "stall"] == [], minutes
+    flat = tmp_path / "flat.txt"
+    flat.write_text("Epoch 1/3\nValidation:\n    loss: 0.41\n    accuracy: 0.8\n"
+                    "Epoch 2/3\nValidation:\n    loss: 0.38\n    accuracy: 0.82\n")
+    assert list(load_run(flat).series["loss"].value) == [0.41, 0.38]

@@ -63,6 +63,36 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
                      r"|^\s*\w+=[^=,]*,\s*$|\{\s*['\"][A-Za-z_]\w*['\"]\s*:\s*\{")
 
+# A configuration printed as YAML (PaddleSeg's, MMEngine's, a script's ``yaml.dump``): a
+# lone ``lr_scheduler:`` and the lines indented under it, ``  learning_rate: 0.01``, are
+# settings, no records, once the document shows it nests (a lone key or a ``- `` list
+# item inside a block). Read as one at a relaunch, that rate wrote the last step again
+# there and was taken for the resume, and the new process's iterations up to the old
+# one's last were no progress (a stall warned 5 minutes after a relaunch on more GPUs).
+# A flat block, ``Validation:`` and its indented ``loss: 0.41``, is still read.
+_YAML_KEY = re.compile(r"( *)[A-Za-z_][\w.-]*:\s*$")
+_YAML_SIBLING = re.compile(r"[A-Za-z_][\w.-]*: \S")
+
+
+def _yaml_block(line: str, nest: int, dump: bool) -> tuple[int, bool, bool]:
+    """After ``line``: the indent of the YAML block open (or -1), whether the document
+    nests; and whether ``line`` is a setting of a nesting document. A line indented
+    deeper than the open block's lone key is in it (a lone key or a list item there says
+    the document nests); an unindented ``key: value`` is the block's sibling; a lone key
+    opens a block; any other line ends the document."""
+    indent = len(line) - len(line.lstrip(" "))
+    body = line.strip()
+    if nest >= 0 and indent > nest and body:
+        dump = dump or body.startswith("- ") or body.endswith(":")
+        return nest, dump, dump
+    key = _YAML_KEY.match(line)
+    if key is not None:
+        return len(key.group(1)), dump, False
+    if nest >= 0 and indent == 0 and _YAML_SIBLING.match(line):
+        return nest, dump, False
+    return -1, False, False
+
+
 # what a definition does with its value, in the order a line is read: the time and the
 # step first, so the metrics on the same line get them
 TIME, STEP_ROLE, PLANNED_ROLE, METRIC = range(4)
@@ -130,6 +160,8 @@ class TextReader(Reader):
         timed = stepped = False  # a time field, a step that moved has been read
         epoch_series, epochs = run.index("epoch"), 0
         durations: list[float] = []  # of the Keras epochs read
+        nest = -1  # the indent of a YAML mapping's lone key whose block is being read
+        dump = False  # ... in a YAML document that nests (a configuration's)
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):
                 if "\x1b" in line:
@@ -170,7 +202,11 @@ class TextReader(Reader):
                             wall = parse_timestamp(
                                 ts.group(1).replace(",", ".").replace("/", "-"))
                 hit = -1
-                for rx, role, gid, name, scale, needle, series, not_after in entries:
+                nested = False
+                if nest >= 0 or line.endswith((":\n", ":\r\n", ":")):
+                    nest, dump, nested = _yaml_block(line, nest, dump)
+                for rx, role, gid, name, scale, needle, series, not_after in (
+                        () if nested else entries):
                     if gid == hit or (ep is not None and series == epoch_series
                                       and role == METRIC):
                         continue  # an earlier definition of this name matched
