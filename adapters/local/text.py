@@ -61,7 +61,8 @@ _INDENTED = re.compile(r"(?:\t| {4,})[A-Za-z_][\w.\[\]]*\s*(?::[^=]*)?[-+*/]?=(?
 # "\x1b[32mloss: 9.8"): the key would run on from the escape's letter.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CONFIG = re.compile(r"\b(?:Namespace|[A-Z]\w*(?:Config|Arguments|Args|Params|Settings|Options))\("
-                     r"|^\s*\w+=[^=,]*,\s*$|\{\s*['\"][A-Za-z_]\w*['\"]\s*:\s*\{")
+                     r"|^\s*\w+=[^=,]*,\s*$")
+_CONFIG_DICT = re.compile(r"\{\s*['\"][A-Za-z_]\w*['\"]\s*:\s*\{")
 
 # A configuration printed as YAML (PaddleSeg's, MMEngine's, a script's ``yaml.dump``): a
 # lone ``lr_scheduler:`` and the lines indented under it, ``  learning_rate: 0.01``, are
@@ -222,7 +223,8 @@ class TextReader(Reader):
                     if not matched and source and (_SOURCE.match(line)
                                                    or _INDENTED.match(line)):
                         break  # source code, kept as a log line
-                    if not matched and _CONFIG.search(line):
+                    if not matched and (_CONFIG.search(line) or (
+                            "{" in line and _CONFIG_DICT.search(line))):
                         break  # a configuration printed whole, kept as a log line
                     try:
                         value = float(text) * scale
