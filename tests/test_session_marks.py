@@ -283,7 +283,7 @@ def test_a_configuration_dict_first_is_the_opening_not_a_record(tmp_path: Path) 
     'learning_rate': 0.0001, ...}, ...}``, then loads its checkpoints. Read as a record
     (its ``learning_rate``), the first line was the log's first record, so the lines a
     relaunch writes before training were no opening of a new process, and the night
-    between two launches was a stall stopped at 2.5 hours. A dict of sections is a
+    between two launches was a stall stopped after 5.8 hours. A dict of sections is a
     configuration, kept as a log line; a trainer's flat metrics dict is still read."""
     opening = ["32k INFO {'train': {'log_interval': 200, 'eval_interval': 1000, "
                "'learning_rate': 0.0001, 'epochs': 10000}, 'data': {'sampling_rate': 32000}}",
