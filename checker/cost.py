@@ -157,10 +157,20 @@ def resumes(prog: Series, job: Job | None = None) -> np.ndarray:
 QUIET_S = 1800.0
 
 
+def last_mark(job: Job, a: float, b: float, after: bool = True) -> float | None:
+    """The latest time in (``a``, ``b``] (in [``a``, ``b``] with ``after`` False) where the
+    log says a process of the run ended or another began (``Job.finishes``,
+    ``Job.launches``, in time order); None where it says neither."""
+    first = bisect.bisect_right if after else bisect.bisect_left
+    found = [xs[j - 1] for xs in (job.launches, job.finishes)
+             if (j := bisect.bisect_right(xs, b)) > first(xs, a)]
+    return max(found) if found else None
+
+
 def marked(job: Job, a: float, b: float) -> bool:
     """Whether the log says, between ``a`` and ``b``, that a process of the run ended or
-    another began (``Job.finishes``, ``Job.launches``)."""
-    return any(a <= t <= b for t in job.launches) or any(a <= t <= b for t in job.finishes)
+    another began."""
+    return last_mark(job, a, b, after=False) is not None
 
 
 def _said_before(times: list[float], t: float) -> float:

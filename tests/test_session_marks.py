@@ -378,3 +378,18 @@ def test_a_yaml_configuration_at_a_relaunch_is_no_record(tmp_path: Path) -> None
     flat.write_text("Epoch 1/3\nValidation:\n    loss: 0.41\n    accuracy: 0.8\n"
                     "Epoch 2/3\nValidation:\n    loss: 0.38\n    accuracy: 0.82\n")
     assert list(load_run(flat).series["loss"].value) == [0.41, 0.38]
+
+
+def test_the_latest_mark_between_two_times() -> None:
+    """``cost.last_mark``, shared by ``stall`` (``marked``, both ends counted) and
+    ``slowdown`` (after its last record only: a mark at that record's own time was read
+    with it)."""
+    from trainguard.checker import cost
+    from trainguard.checker.model import Job
+
+    job = Job(id="j", launches=[10.0, 50.0], finishes=[40.0])
+    assert cost.last_mark(job, 0.0, 45.0) == 40.0
+    assert cost.last_mark(job, 10.0, 30.0) is None  # (10, 30]
+    assert cost.last_mark(job, 10.0, 30.0, after=False) == 10.0  # [10, 30]
+    assert cost.last_mark(job, 41.0, 49.0) is None and not cost.marked(job, 41.0, 49.0)
+    assert cost.marked(job, 50.0, 60.0)

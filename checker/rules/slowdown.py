@@ -33,7 +33,6 @@ replay does not call the rule before that block begins (``checker.follow.STABLE_
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import deque
@@ -95,7 +94,7 @@ class Slowdown(Rule):
         scan = state.get("scan")
         if not isinstance(scan, _Scan) or not scan.extends(src, kind):
             scan = state["scan"] = _Scan(p, src, kind)
-        scan.feed(src, sorted([*job.launches, *job.finishes]))
+        scan.feed(src, job)
         fired = scan.fired()
         if ctx.state is not None and (not fired or not job.planned_steps
                                       or scan.kind != "steps"):
@@ -209,10 +208,10 @@ class _Scan:
         return (kind == self.kind and src.name == self.name and len(src) >= self.n
                 and len(src) > 0 and float(src.time[0]) == self.t0)
 
-    def feed(self, src: Series, marks: list[float] | None = None) -> None:
-        """Reads the records new since the last feed. ``marks``: the times where the log
-        says a process of the run began or ended (``Job.launches``, ``Job.finishes``): the
-        time between two records across one is the job down, no slow progress (a run
+    def feed(self, src: Series, job: Job | None = None) -> None:
+        """Reads the records new since the last feed. Where ``job``'s log says a process
+        of the run began or ended between two records (``cost.last_mark``), the time
+        between them is the job down, no slow progress (a run
         relaunched from its checkpoint the next evening went 1 epoch in 19.5 hours): a
         slow stretch of the process before ends there, and the new process has a warm-up
         and a baseline of its own."""
@@ -221,19 +220,17 @@ class _Scan:
         t, v, st = (src.time[n0:].tolist(), src.value[n0:].tolist(),
                     src.step[n0:].tolist())
         span = self.p.span_seconds
+        told = job if job is not None and (job.launches or job.finishes) else None
         for i in range(len(t)):
             ti = t[i]
-            relaunched = False
-            if marks:
-                k = bisect.bisect_right(marks, ti)
-                if k and marks[k - 1] > self.read_to:
-                    self._close()  # the last block of the process before, judged
-                    # a new process may run on other hosts or another batch size (a
-                    # detector relaunched at half its speed, a blind set's healthy run):
-                    # its speed is learnt afresh
-                    self.slow, self.healthy, self.baseline_rate = [], [], math.nan
-                    self.start = max(self.start, marks[k - 1] + self.p.warmup_seconds)
-                    relaunched = True
+            mark = cost.last_mark(told, self.read_to, ti) if told is not None else None
+            if mark is not None:
+                self._close()  # the last block of the process before, judged
+                # a new process may run on other hosts or another batch size (a detector
+                # relaunched at half its speed, a blind set's healthy run): its speed is
+                # learnt afresh
+                self.slow, self.healthy, self.baseline_rate = [], [], math.nan
+                self.start = max(self.start, mark + self.p.warmup_seconds)
             self.read_to = ti
             if self.kind == "rate":
                 rate = v[i]
@@ -241,7 +238,7 @@ class _Scan:
             else:
                 si = v[i]
                 prev, self.last = self.last, (ti, si)
-                if prev is None or si < prev[1] or relaunched:
+                if prev is None or si < prev[1] or mark is not None:
                     self.recent.clear()
                     self.recent.append((ti, si))
                     # the first record, a resume, an epoch counter wrapping, a relaunch
